@@ -1,0 +1,79 @@
+"""The ``recompute-harness`` command line.
+
+Each subcommand lives in ``harness/commands/<name>.py`` and exposes ``add_arguments(parser)`` and
+``run(args) -> int``. Modules are imported only when their subcommand runs, so ``--help`` and light
+commands never pay for importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from harness.errors import EXIT_USAGE, UsageError
+
+# subcommand -> (module under harness.commands, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "revisions": ("revisions", "report torch / Megatron Core / Bridge / TE versions and the source fingerprint"),
+    "labels": ("labels", "list the recompute labels the installed Megatron Core validator accepts"),
+    "validate": ("validate", "validate recompute fields against the real TransformerConfig"),
+    "matrix": ("matrix", "print the compatibility matrix, or --check it against the real validator"),
+    "probe": ("probe", "measure what each recompute label does on real Megatron Core layers, on CPU"),
+    "compare": ("compare", "compare run records with a golden"),
+    "analyze": ("analyze", "matched table of recompute choices against the [] control"),
+    "select": ("select", "narrowest recompute boundary that fits a memory target"),
+    "golden": ("golden", "refresh goldens from fresh run records"),
+    "run": ("run", "run a recipe sweep with torchrun and write run records"),
+    "launch": ("launch", "write a multi-node launch script (slurm)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with our exit code for bad arguments (argparse's own is also 2, but one line)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = _Parser(prog="recompute-harness", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        # Only the chosen subcommand's module is imported (its arguments are needed to parse).
+        if name == chosen:
+            _command_module(module_name).add_arguments(sp)
+    return parser
+
+
+def _command_module(module_name: str):
+    return importlib.import_module(f"harness.commands.{module_name}")
+
+
+def refuse_optimized_python() -> None:
+    """Megatron Core enforces most recompute rules with ``assert``: ``python -O`` strips them all."""
+    if not __debug__:
+        raise UsageError(
+            "Python runs with -O (or PYTHONOPTIMIZE): Megatron Core's assert-based recompute rules are "
+            "stripped, so every verdict would be wrong; run without -O"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        refuse_optimized_python()
+        args = build_parser(argv).parse_args(argv)
+        return int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
+    except UsageError as exc:
+        print(f"recompute-harness: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("recompute-harness: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

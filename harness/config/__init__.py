@@ -1,0 +1,1 @@
+"""Configuration: revision identity, the recompute fields, label discovery and validation."""

@@ -1,0 +1,22 @@
+"""Shared test set-up: Hypothesis profiles and the GPU-tier skip rules."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+# HYPOTHESIS_PROFILE=ci (default: derandomized, no deadline) | dev | nightly (>=100k examples/property)
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=200,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, max_examples=500)
+settings.register_profile(
+    "nightly", deadline=None, max_examples=100_000, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
