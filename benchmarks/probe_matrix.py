@@ -1,0 +1,39 @@
+"""Time the full CPU probe matrix for the three style models (target: <= 60 s on the 2-core CI box).
+
+Run: ./venv-run python benchmarks/probe_matrix.py
+Counts everything a user waits for in one process: importing torch + Megatron Core, the gloo group,
+every in-process row, and the isolated deadlock probe (which runs in parallel and is killed at its
+timeout). Prints the tables, the wall time, and the load average (other jobs on the box inflate it).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+START = time.monotonic()
+
+from harness.cpu.models import STYLE_MODELS  # noqa: E402  (timed on purpose)
+from harness.probe.runner import probe_models  # noqa: E402
+from harness.probe.table import probe_table  # noqa: E402
+
+TARGET_S = 60.0
+
+
+def main() -> int:
+    imported = time.monotonic() - START
+    probes = probe_models(list(STYLE_MODELS))
+    elapsed = time.monotonic() - START
+    for probe in probes:
+        print(probe_table(probe))
+        print()
+    rows = sum(len(probe.rows) for probe in probes)
+    load = os.getloadavg()
+    print(f"probe matrix: {len(probes)} models, {rows} rows, {elapsed:.1f} s wall "
+          f"(imports {imported:.1f} s), target {TARGET_S:.0f} s: {'PASS' if elapsed <= TARGET_S else 'FAIL'}; "
+          f"load average {load[0]:.2f} on {os.cpu_count()} CPUs")
+    return 0 if elapsed <= TARGET_S else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

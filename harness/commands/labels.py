@@ -1,0 +1,37 @@
+"""``recompute-harness labels``: the recompute labels the installed validator accepts, and their manifest."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from harness.errors import EXIT_FAILED, EXIT_OK
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--json", action="store_true", help="print fingerprint and labels as JSON")
+    action.add_argument(
+        "--write-manifest", action="store_true", help="pin the labels for this fingerprint in tests/golden/labels/"
+    )
+    action.add_argument("--check", action="store_true", help="compare the labels with the pinned manifest")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.config.labels import accepted_labels, manifest_problem, write_manifest
+    from harness.config.revisions import collect_revisions
+
+    if args.write_manifest:
+        print(f"wrote {write_manifest()}")
+        return EXIT_OK
+    if args.check:
+        problem = manifest_problem()
+        print(problem or "recompute labels match the manifest")
+        return EXIT_FAILED if problem else EXIT_OK
+    labels = sorted(accepted_labels())
+    if args.json:
+        fingerprint = collect_revisions()["megatron_core"]["fingerprint"]
+        print(json.dumps({"fingerprint": fingerprint, "labels": labels}, indent=2))
+    else:
+        print("\n".join(labels))
+    return EXIT_OK

@@ -1,0 +1,53 @@
+"""``recompute-harness launch --slurm --recipe NAME [...]``: write the sbatch script for a multi-node sweep.
+
+The script runs ``recompute-harness run --launcher slurm`` on the batch node: one ``srun`` step per
+row, torchrun on every node, c10d rendezvous on the first node. Nothing is submitted: the script is
+written (atomically) and its path printed; submit it with ``sbatch``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from pathlib import Path
+
+from harness.errors import EXIT_OK, UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--slurm", action="store_true", required=True, help="write an sbatch script (the only engine)")
+    parser.add_argument("--recipe", required=True, help="recipe name (see `run --list`)")
+    parser.add_argument("--rows", nargs="+", metavar="ROW", help="rows instead of the recipe's ([] always first)")
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="sweep directory on a shared filesystem")
+    parser.add_argument("--script", type=Path, help="where to write the script (default: OUT/<recipe>.sbatch)")
+    parser.add_argument("--partition")
+    parser.add_argument("--account")
+    parser.add_argument("--time", default="02:00:00", help="slurm time limit (default 02:00:00)")
+    parser.add_argument("--port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    parser.add_argument("--setup", help="shell line run first, e.g. 'source /shared/venv/bin/activate'")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.run.recipes import load_recipe
+    from harness.run.runner import sweep_rows
+    from harness.run.slurm import SlurmOptions, sbatch_script
+
+    recipe = load_recipe(args.recipe)
+    if recipe.device != "cuda":
+        raise UsageError(f"recipe {recipe.name!r} runs on {recipe.device}: slurm launch is for GPU recipes")
+    if not 1 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    rows = sweep_rows(recipe, args.rows)
+    out = args.out.resolve()
+    script = args.script or out / f"{recipe.name}.sbatch"
+    text = sbatch_script(recipe, out, rows, SlurmOptions(args.partition, args.account, args.time, args.port, args.setup),
+                         workdir=Path.cwd())
+    script.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{script.name}.", dir=script.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, script)
+    print(script)
+    return EXIT_OK

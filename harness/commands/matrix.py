@@ -1,0 +1,57 @@
+"""``recompute-harness matrix [--check]``: the compatibility matrix, or its differential check."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.matrix.rules import RULES
+
+DEFAULT_CHECK_COUNT = 20_000
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--check", action="store_true", help="compare the matrix with the real validator")
+    parser.add_argument("--count", type=int, default=DEFAULT_CHECK_COUNT, help="configurations to check")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the configuration sample")
+
+
+def markdown_table() -> str:
+    lines = [
+        "| id | reads | condition | outcome | enforced in | source | differential |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for rule in RULES:
+        reads = ", ".join(f"`{field}`" for field in rule.reads)
+        checked = "yes" if rule.differential else "no (unit tests)" if rule.enforced_in.startswith("Transformer") else "no"
+        lines.append(
+            f"| `{rule.id}` | {reads} | {rule.condition} | {rule.outcome} | {rule.enforced_in} | {rule.source} | {checked} |"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.check:
+        print(markdown_table())
+        return EXIT_OK
+    if args.count <= 0:
+        raise UsageError("--count must be positive")
+    from harness.config.revisions import collect_revisions
+    from harness.matrix.check import check
+    from harness.matrix.oracle import Oracle
+    from harness.matrix.space import sample_scenarios
+
+    oracle = Oracle()
+    scenarios = sample_scenarios(args.count, oracle.labels, seed=args.seed)
+    started = time.perf_counter()
+    disagreements = check(scenarios, oracle)
+    elapsed = time.perf_counter() - started
+    mcore = collect_revisions()["megatron_core"]
+    print(
+        f"checked {len(scenarios)} configurations against megatron-core {mcore['version']} "
+        f"(fingerprint {mcore['fingerprint']}) in {elapsed:.1f}s: {len(disagreements)} disagreements"
+    )
+    for disagreement in disagreements:
+        print(disagreement.report())
+    return EXIT_FAILED if disagreements else EXIT_OK

@@ -1,0 +1,82 @@
+"""``recompute-harness run --recipe NAME [--rows ROW...] [--out DIR] [--timeout S]``: a recipe sweep.
+
+One torchrun job per row (the ``[]`` control first), live progress, one run record per row, then the
+matched analysis table (and a PNG plot next to the records). Exit 0 when every row completed, 1 when
+any row failed (its record says how and where), 2 for bad input (nothing launched).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", help="recipe name (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the recipes and exit")
+    parser.add_argument("--rows", nargs="+", metavar="ROW",
+                        help="rows to run instead of the recipe's ([] control is always run first), "
+                             "e.g. moe_act layernorm+moe_act full-uniform-1")
+    parser.add_argument("--out", type=Path, default=Path("runs"), help="directory for the sweep (default: runs)")
+    parser.add_argument("--timeout", type=float, metavar="S", help="per-row wall-clock limit (default: the recipe's)")
+    parser.add_argument("--stall-timeout", type=float, metavar="S",
+                        help="stop a row when no rank reports progress for S seconds (default: the recipe's)")
+    parser.add_argument("--nproc-per-node", type=int, help="override the recipe's ranks per node (re-checked)")
+    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
+                        help="local: torchrun per node on this host; slurm: srun + torchrun inside an sbatch "
+                             "allocation (what `launch --slurm` writes)")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="slurm launcher: the c10d rendezvous endpoint")
+    parser.add_argument("--inject-fault", action="append", default=[], metavar="SPEC",
+                        help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
+                             "KIND one of oom, nan, hang")
+
+
+def _positive(value: float | None, flag: str) -> None:
+    if value is not None and not value > 0:
+        raise UsageError(f"{flag} must be a positive number of seconds, got {value}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from harness.run.faults import parse_fault
+    from harness.run.recipes import load_recipe, recipe_names, with_world
+
+    if args.list:
+        for name in recipe_names():
+            recipe = load_recipe(name)
+            print(f"{name:32} {recipe.backend:6} {recipe.device:4} {recipe.world_size:>3} ranks  {recipe.description}")
+        return EXIT_OK
+    if not args.recipe:
+        raise UsageError("run needs --recipe NAME (or --list)")
+    _positive(args.timeout, "--timeout")
+    _positive(args.stall_timeout, "--stall-timeout")
+    recipe = load_recipe(args.recipe)
+    if args.nproc_per_node is not None:
+        recipe = with_world(recipe, nproc_per_node=args.nproc_per_node)
+    faults = [parse_fault(spec) for spec in args.inject_fault]
+
+    from harness.run.progress import LiveProgress
+    from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
+
+    rows = sweep_rows(recipe, args.rows)
+    launcher = Launcher(args.launcher, args.rdzv_endpoint, sys.executable)
+    check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
+    with LiveProgress(recipe.name, rows) as progress:
+        directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
+                                       stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher)
+    print(f"records: {directory / 'records'}")
+    _analysis(directory, [result.record for result in results])
+    return EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED
+
+
+def _analysis(directory: Path, records: list[dict]) -> None:
+    from harness.compare.analysis import analyse
+    from harness.report.markdown import analysis_markdown, emit
+    from harness.report.plot import plot_analysis
+
+    analysis = analyse(records)
+    emit(analysis_markdown(analysis))
+    plot_analysis(analysis, directory / "analysis.png")
+    print(f"plot: {directory / 'analysis.png'}")

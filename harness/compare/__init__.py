@@ -1,0 +1,1 @@
+"""Comparison of run records: against goldens (comparator), against the [] control (analysis), selection."""

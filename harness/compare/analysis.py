@@ -1,0 +1,271 @@
+"""The skill's matched table: each recompute row against the ``[]`` control of the same configuration.
+
+Only conclusions the data allows: records must differ in the recompute fields alone (else refused),
+a ranking needs a matched ``[]`` control (else refused), savings are judged on allocated memory at the
+same checkpoint (reserved memory alone is allocator caching), and a run that fails is never a pass —
+if it got further than the control it is ``advanced-but-failed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+from harness.record.golden import pins_of
+from harness.record.schema import PHASES
+
+GB = 1e9
+# An allocated-peak change smaller than this (relative to the control) is not a saving: it is within
+# what allocator rounding and run-to-run noise move (the Moonlight core_attn row moved 0.01%).
+MATERIAL_SAVING_PCT = 0.5
+
+
+@dataclass
+class Row:
+    """One line of the matched table."""
+
+    label: str
+    record: str
+    status: str
+    stage: str
+    peak_allocated_gb: float | None
+    peak_after_iteration: int | None
+    peak_reserved_gb: float | None
+    step_time_ms: float | None
+    tflops_per_gpu: float | None
+    allocated_vs_control_pct: float | None
+    reserved_vs_control_pct: float | None
+    time_vs_control_pct: float | None
+    verdict: str  # control | pass | failed | advanced-but-failed
+    rank: int | None = None  # 1 = first choice among passing rows with a material saving
+    note: str = ""
+
+
+@dataclass
+class Analysis:
+    recipe: str
+    model: str
+    control: str | None
+    rows: list[Row] = field(default_factory=list)
+    conclusions: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"recipe": self.recipe, "model": self.model, "control": self.control,
+                "rows": [asdict(row) for row in self.rows], "conclusions": self.conclusions}
+
+
+def _configuration(record: dict[str, Any]) -> dict[str, Any]:
+    """Everything that must be equal for two records to be a matched comparison."""
+    workload = record["workload"]
+    config: dict[str, Any] = {"kind": record["kind"]}
+    config.update({key: value for key, value in workload.items() if key not in ("parallelism", "extra")})
+    config.update({f"parallelism.{key}": value for key, value in workload["parallelism"].items()})
+    config.update({f"hardware.{key}": record["hardware"][key] for key in ("device", "gpu_count")})
+    config.update({f"revisions.{key}": repr(value) for key, value in pins_of(record).items()})
+    return config
+
+
+def require_matched(records: Sequence[dict[str, Any]]) -> None:
+    """Refuse records that differ in anything but the recompute fields, naming what differs."""
+    if not records:
+        raise UsageError("no records to analyse")
+    probes = [r["id"] for r in records if r["kind"] == "cpu-probe"]
+    if probes:
+        raise UsageError(f"{probes[0]}: CPU-probe records are checked against CPU goldens, not analysed as runs")
+    configs = [_configuration(record) for record in records]
+    differing = []
+    for key in configs[0]:
+        values = sorted({repr(config[key]) for config in configs})
+        if len(values) > 1:
+            differing.append(f"{key} ({', '.join(values[:3])}{', ...' if len(values) > 3 else ''})")
+    if differing:
+        raise UsageError(
+            "records are not a matched set (they must differ in the recompute fields alone); "
+            f"they differ in {'; '.join(differing)}"
+        )
+
+
+def is_control(record: dict[str, Any]) -> bool:
+    """The skill's matched no-recompute control: selective granularity with an empty module list."""
+    recompute = record["recompute"]
+    return recompute["recompute_granularity"] == "selective" and recompute["recompute_modules"] == []
+
+
+def completed(record: dict[str, Any]) -> bool:
+    """A pass: completed through several steady steps, with a measured step time and no NaN iterations."""
+    metrics = record["metrics"]
+    window = metrics["steady_window"]
+    return (
+        record["outcome"]["status"] == "completed"
+        and metrics["headline"]["step_time_ms"] is not None
+        and window is not None and window["last"] > window["first"]
+        and not metrics["nan_iterations"]
+    )
+
+
+def _progress(record: dict[str, Any]) -> tuple[int, int] | None:
+    """How far a run got: (iteration, phase order); None when the record does not say."""
+    outcome = record["outcome"]
+    if outcome["iteration"] is None:
+        return None
+    phase = outcome["phase"]
+    return outcome["iteration"], -1 if phase is None else PHASES.index(phase)
+
+
+def _pct(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return (value - base) / base * 100.0
+
+
+def _stage(outcome: dict[str, Any]) -> str:
+    parts = [outcome["status"]]
+    if outcome["iteration"] is not None:
+        parts.append(f"iteration {outcome['iteration']}")
+    for key in ("phase", "site"):
+        if outcome.get(key):
+            parts.append(outcome[key])
+    if outcome["ranks"]:
+        parts.append("rank " + ",".join(map(str, outcome["ranks"])))
+    return " ".join(parts)
+
+
+def width(recompute: dict[str, Any]) -> int:
+    """How broad a boundary is: [] < one label < two labels < ... < full-layer recompute."""
+    if recompute["recompute_granularity"] == "full":
+        return 1_000
+    return len(recompute["recompute_modules"] or ())
+
+
+def _row(record: dict[str, Any], control: dict[str, Any] | None) -> Row:
+    headline = record["metrics"]["headline"]
+    peak, reserved = headline["peak_allocated_bytes"], headline["peak_reserved_bytes"]
+    allocated_pct = reserved_pct = time_pct = None
+    note = ""
+    if control is not None and record is not control:
+        base = control["metrics"]["headline"]
+        # Peaks are comparable only at the same checkpoint, over the same ranks.
+        if (headline["peak_after_iteration"], headline["peak_scope"]) == (base["peak_after_iteration"], base["peak_scope"]):
+            allocated_pct = _pct(peak, base["peak_allocated_bytes"])
+            reserved_pct = _pct(reserved, base["peak_reserved_bytes"])
+        elif peak is not None and base["peak_allocated_bytes"] is not None:
+            def when(h: dict[str, Any]) -> str:
+                it = h["peak_after_iteration"]
+                return f"after iteration {it}" if it is not None else "at an unstated checkpoint"
+
+            note = f"peak read {when(headline)}, the control's {when(base)}: not comparable"
+        if completed(record) and completed(control):
+            time_pct = _pct(headline["step_time_ms"], base["step_time_ms"])
+    return Row(
+        label=RecomputeFields.from_dict(record["recompute"]).name,
+        record=record["id"],
+        status=record["outcome"]["status"],
+        stage=_stage(record["outcome"]),
+        peak_allocated_gb=None if peak is None else peak / GB,
+        peak_after_iteration=headline["peak_after_iteration"],
+        peak_reserved_gb=None if reserved is None else reserved / GB,
+        step_time_ms=headline["step_time_ms"],
+        tflops_per_gpu=headline["tflops_per_gpu"],
+        allocated_vs_control_pct=allocated_pct,
+        reserved_vs_control_pct=reserved_pct,
+        time_vs_control_pct=time_pct,
+        verdict="control" if record is control else "pass" if completed(record) else "failed",
+        note=note,
+    )
+
+
+def _failed_verdict(row: Row, record: dict[str, Any], control: dict[str, Any] | None) -> None:
+    """Failed rows: did the boundary get further than the control (progress or matched peak)?"""
+    if control is None or completed(control):
+        row.note = row.note or "failed where the control completed"
+        return
+    mine, theirs = _progress(record), _progress(control)
+    relief = row.allocated_vs_control_pct is not None and row.allocated_vs_control_pct <= -MATERIAL_SAVING_PCT
+    if record["outcome"]["status"] == "advanced-but-failed" or (mine and theirs and mine > theirs):
+        row.verdict, row.note = "advanced-but-failed", "got further than the control but still failed; not a pass"
+    elif relief and mine is not None and theirs is not None and mine >= theirs:
+        row.verdict = "advanced-but-failed"
+        row.note = (f"{-row.allocated_vs_control_pct:.2f}% less allocated than the control at iteration "
+                    f"{row.peak_after_iteration}, but still failed; not a pass")
+    elif mine is not None and theirs is not None and mine < theirs:
+        row.note = "failed earlier than the control"
+
+
+def _rank_passing(rows: list[Row], records: dict[str, dict[str, Any]], control_completed: bool) -> None:
+    """Rank passing rows with a material saving that no other row beats on both memory and time."""
+    passing = [row for row in rows if row.verdict == "pass"]
+    if control_completed:
+        candidates = []
+        for row in passing:
+            if row.allocated_vs_control_pct is None or row.allocated_vs_control_pct > -MATERIAL_SAVING_PCT:
+                change = "n/a" if row.allocated_vs_control_pct is None else f"{row.allocated_vs_control_pct:+.2f}%"
+                reserved = row.reserved_vs_control_pct
+                caching = (f"; reserved {reserved:+.2f}% is allocator caching, not a saving"
+                           if reserved is not None and reserved <= -MATERIAL_SAVING_PCT else "")
+                row.note = f"no material allocated saving ({change} vs [])" + caching
+            else:
+                candidates.append(row)
+    else:
+        candidates = passing  # the control did not complete: any passing row is relief
+    # Pareto front on (step time, allocated peak), walked from the cheapest row.
+    ordered = sorted(candidates, key=lambda r: (r.step_time_ms, r.peak_allocated_gb or 0.0, width(records[r.record]["recompute"])))
+    ranked: list[Row] = []
+    for row in ordered:
+        dominating = next((r for r in ranked if row.peak_allocated_gb is not None and r.peak_allocated_gb is not None
+                           and r.peak_allocated_gb <= row.peak_allocated_gb), None)
+        if dominating is not None:
+            row.note = f"dominated by {dominating.label}: no lower allocated peak, more step time"
+            continue
+        ranked.append(row)
+        row.rank = len(ranked)
+
+
+def analyse(records: Sequence[dict[str, Any]]) -> Analysis:
+    """The matched table and its conclusions; refuses unmatched sets and sets without a ``[]`` control."""
+    require_matched(records)
+    controls = [record for record in records if is_control(record)]
+    first = records[0]
+    if not controls:
+        raise UsageError(
+            f"cannot rank recompute rows of {first['workload']['recipe']}: no matched [] control "
+            "(a selective row with recompute_modules=[] measured in the same configuration)"
+        )
+    control = controls[0]
+    by_id = {record["id"]: record for record in records}
+    rows = [_row(record, control) for record in records]
+    for row in rows:
+        if row.verdict == "failed":
+            _failed_verdict(row, by_id[row.record], control)
+    control_row = next(row for row in rows if row.verdict == "control")
+    if not completed(control):
+        control_row.note = f"control did not complete ({control_row.stage}): no steady-state timing to compare"
+    _rank_passing(rows, by_id, completed(control))
+    rows.sort(key=lambda r: (r.verdict != "control", r.rank is None, r.rank or 0, r.label))
+    analysis = Analysis(recipe=first["workload"]["recipe"], model=first["workload"]["model"], control=control_row.label, rows=rows)
+    analysis.conclusions = _conclusions(rows)
+    return analysis
+
+
+def _conclusions(rows: list[Row]) -> list[str]:
+    ranked = sorted((row for row in rows if row.rank is not None), key=lambda r: r.rank)
+    lines = []
+    for row in ranked:
+        cost = "" if row.time_vs_control_pct is None else f", {row.time_vs_control_pct:+.2f}% step time vs []"
+        saving = "" if row.allocated_vs_control_pct is None else f"{row.allocated_vs_control_pct:+.2f}% allocated vs []"
+        where = "first choice" if row.rank == 1 else f"choice {row.rank}"
+        first = ranked[0]
+        if row.rank > 1 and first.peak_allocated_gb is not None and row.peak_allocated_gb is not None:
+            extra = (f" ({(row.peak_allocated_gb - first.peak_allocated_gb) * 1000:+.0f} MB = "
+                     f"{_pct(row.peak_allocated_gb, first.peak_allocated_gb):+.2f}% allocated, "
+                     f"{_pct(row.step_time_ms, first.step_time_ms):+.2f}% step time vs {first.label})")
+        else:
+            extra = ""
+        lines.append(f"{where}: {row.label} ({saving or 'completes where [] did not'}{cost}){extra}")
+    for row in rows:
+        if row.verdict == "advanced-but-failed":
+            lines.append(f"advanced but failed, not a pass: {row.label} ({row.stage})")
+    if not ranked:
+        lines.append("no row both completed and gave a material allocated saving")
+    return lines

@@ -1,0 +1,55 @@
+"""Automatic boundary selection: the cheapest recompute row that completes under a memory target.
+
+The skill lists this as missing: "the correct result is the smallest measured replay cost that
+satisfies the per-rank memory target, not the longest module list". A row qualifies only if it
+completed through optimizer-state initialisation and its steady window (a failure never qualifies,
+however far it got) with its allocated peak at or under the target.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from harness.compare.analysis import GB, completed, require_matched, width
+from harness.config.fields import RecomputeFields
+
+
+@dataclass(frozen=True)
+class Selection:
+    target_gb: float
+    chosen: str | None
+    chosen_record: str | None
+    peak_allocated_gb: float | None
+    step_time_ms: float | None
+    considered: list[tuple[str, str]]  # (label, why it was or was not chosen)
+
+
+def select(records: Sequence[dict[str, Any]], target_gb: float) -> Selection:
+    """Least step time among completed rows under ``target_gb``; ties go to the narrower boundary."""
+    require_matched(records)
+    fitting, considered = [], []
+    for record in records:
+        label = RecomputeFields.from_dict(record["recompute"]).name
+        peak = record["metrics"]["headline"]["peak_allocated_bytes"]
+        if not completed(record):
+            considered.append((label, f"did not complete ({record['outcome']['status']})"))
+        elif peak is None:
+            considered.append((label, "no allocated peak recorded"))
+        elif peak / GB > target_gb:
+            considered.append((label, f"peak {peak / GB:.3f} GB over the {target_gb:g} GB target"))
+        else:
+            fitting.append(record)
+    fitting.sort(key=lambda r: (r["metrics"]["headline"]["step_time_ms"], width(r["recompute"]),
+                                r["metrics"]["headline"]["peak_allocated_bytes"]))
+    for record in fitting[1:]:
+        label = RecomputeFields.from_dict(record["recompute"]).name
+        considered.append((label, f"fits, but slower ({record['metrics']['headline']['step_time_ms']:.2f} ms)"))
+    if not fitting:
+        return Selection(target_gb, None, None, None, None, considered)
+    best = fitting[0]
+    headline = best["metrics"]["headline"]
+    return Selection(
+        target_gb, RecomputeFields.from_dict(best["recompute"]).name, best["id"],
+        headline["peak_allocated_bytes"] / GB, headline["step_time_ms"], considered,
+    )

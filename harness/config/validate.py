@@ -1,0 +1,116 @@
+"""Run the real Megatron Core validator and report its verdict in the harness's terms.
+
+MCore rejects recompute configurations with ``AssertionError`` in some rules and ``ValueError`` in
+others. ``check_config`` normalizes both into ``ConfigRejected`` carrying a stable rule id from the
+compatibility matrix (matched on MCore's message) and MCore's original message, so callers never
+depend on which exception type a rule happens to use in a given MCore revision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from harness.config.fields import RecomputeFields
+from harness.matrix.rules import rule_for_message, warning_rules_for
+
+# Smallest model every config is built on; any field can be overridden. Four layers so that PP=2 and
+# recompute_num_layers up to 2 stay meaningful; four heads so that TP=2 divides them.
+BASE_MODEL: dict[str, Any] = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4}
+
+
+class ConfigRejected(Exception):
+    """The real validator rejected a configuration."""
+
+    def __init__(self, rule: str, message: str, mcore_exception: str, warning_rules: tuple[str, ...]) -> None:
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+        self.message = message
+        self.mcore_exception = mcore_exception  # "AssertionError" or "ValueError"
+        self.warning_rules = warning_rules  # warn-rules MCore emitted before rejecting
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the real validator said about one configuration."""
+
+    accepted: bool
+    rule: str | None  # matrix rule id of the rejection; None when accepted
+    message: str | None  # MCore's original message
+    mcore_exception: str | None
+    warning_rules: tuple[str, ...]  # matrix warn-rules whose warnings MCore emitted
+    effective: RecomputeFields | None  # recompute fields after MCore's post-init
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "accepted": self.accepted,
+            "rule": self.rule,
+            "message": self.message,
+            "effective": None if self.effective is None else self.effective.as_dict(),
+        }
+
+
+@lru_cache(maxsize=1)
+def config_classes() -> tuple[type, type]:
+    """``(TransformerConfig, MLATransformerConfig)``, imported on first use (torch is slow to load)."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    return TransformerConfig, MLATransformerConfig
+
+
+def config_class_for(fields: Mapping[str, Any]) -> type:
+    """MLA models validate through ``MLATransformerConfig``, everything else ``TransformerConfig``."""
+    transformer, mla = config_classes()
+    return mla if fields.get("multi_latent_attention") else transformer
+
+
+@lru_cache(maxsize=None)
+def config_defaults(config_class: type) -> dict[str, Any]:
+    """Declared default of every field of ``config_class`` (before ``__post_init__`` runs)."""
+    defaults: dict[str, Any] = {}
+    for field in dataclasses.fields(config_class):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return defaults
+
+
+def check_config(fields: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
+    """Build the real config from ``BASE_MODEL`` + ``fields``; return it with the warn-rule ids seen.
+
+    Raises ``ConfigRejected`` when MCore rejects it. Other exceptions (a ``TypeError`` from a field
+    of the wrong type) are not verdicts and propagate.
+    """
+    kwargs = {**BASE_MODEL, **fields}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            config = config_class_for(kwargs)(**kwargs)
+        except (AssertionError, ValueError) as exc:
+            message = str(exc)
+            warned = warning_rules_for(str(w.message) for w in caught)
+            raise ConfigRejected(rule_for_message(message), message, type(exc).__name__, warned) from exc
+    return config, warning_rules_for(str(w.message) for w in caught)
+
+
+def validate(fields: Mapping[str, Any]) -> Verdict:
+    """The real validator's verdict on ``BASE_MODEL`` + ``fields``."""
+    try:
+        config, warning_rules = check_config(fields)
+    except ConfigRejected as rejected:
+        return Verdict(
+            False, rejected.rule, rejected.message, rejected.mcore_exception, rejected.warning_rules, None
+        )
+    effective = RecomputeFields(
+        granularity=config.recompute_granularity,
+        modules=None if config.recompute_modules is None else tuple(config.recompute_modules),
+        method=config.recompute_method,
+        num_layers=config.recompute_num_layers,
+    )
+    return Verdict(True, None, None, None, warning_rules, effective)
+

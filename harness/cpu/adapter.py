@@ -1,0 +1,221 @@
+"""The narrow, documented CPU adapter that lets real Megatron Core layers run on CPU under gloo.
+
+Megatron Core 0.19.2 model code is device-agnostic except for a few CUDA-only helpers. This module
+replaces exactly those, and nothing else (``PATCHED_SURFACE`` lists them; ``tests/unit/
+test_cpu_adapter.py`` fails when upstream changes any of them):
+
+1. ``torch.cuda.current_device()``: MCore allocates on it in the global memory buffer (local core
+   attention), the MoE router's gating, and rotary embeddings' forward. Without CUDA it answers
+   ``"cpu"``, so those allocations land where the model lives.
+2. The RNG tracker's "CUDA" generator (``torch.cuda.get_rng_state``, ``torch.cuda.manual_seed``,
+   ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state``): on CPU, dropout draws from the default CPU
+   generator, so the tracker's state *is* that generator's state. This keeps RNG replay real: the
+   tracker forks, saves and restores the very state dropout consumes.
+   ``CudaRNGStatesTracker.fork`` then logs "CPU RNG state changed within GPU RNG context" on every
+   fork (on CPU the two are one generator): a logging filter drops exactly that message.
+3. Only when Transformer Engine is absent: ``CheckpointWithoutOutput.__init__`` sets
+   ``self.fp8 = fp8 is not None`` (always True, on purpose upstream), so every output-discard
+   checkpoint calls TE's ``FP8GlobalStateManager``, ``activation_recompute_forward`` and
+   ``fp8_autocast`` — names that are unbound without TE. They are bound in
+   ``megatron.core.tensor_parallel.random`` to their "FP8 disabled" meaning: FP8 not enabled, no
+   recipe, a null context. There is no FP8 on CPU, so this changes no numerics.
+
+``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
+MCore unmodified). ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world
+size 1, or from torchrun's environment) and MCore's model-parallel state on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel import random as mcore_random
+
+# What the adapter replaces: "owner.attribute" -> sha256[:16] of the upstream source it was written
+# against (torch 2.14.1, megatron-core 0.19.2). Call sites whose use of these names the adapter's
+# meaning relies on are pinned too. ``upstream_drift()`` names every entry that changed.
+PATCHED_SURFACE: dict[str, str] = {
+    "torch.cuda.current_device": "6e9804168a5c7f8c",
+    "torch.cuda.get_rng_state": "1190f97901d79384",
+    "torch.cuda.manual_seed": "a71497712eba81c9",
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state": "aa26caaa069c5c4f",
+    "megatron.core.tensor_parallel.random._set_cuda_rng_state": "b179c9d95438b61c",
+}
+PINNED_CALL_SITES: dict[str, str] = {
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": "e5e9ab39a7c1e085",
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": "6821e1e397253d43",
+    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": "d3db2ff665789365",
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": "72036565b77136f2",
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": "2e70032a04837267",
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": "1bc8c9c07aba7453",
+}
+# Bound only without Transformer Engine (they are unbound names there, not replaced functions).
+FP8_DISABLED_NAMES: tuple[str, ...] = ("FP8GlobalStateManager", "activation_recompute_forward", "fp8_autocast")
+_FORK_WARNING = "CPU RNG state changed within GPU RNG context"
+
+_enabled = False
+# Upstream objects as imported, before any patching (drift is measured on these).
+_ORIGINALS: dict[str, Any] = {
+    "torch.cuda.current_device": torch.cuda.current_device,
+    "torch.cuda.get_rng_state": torch.cuda.get_rng_state,
+    "torch.cuda.manual_seed": torch.cuda.manual_seed,
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state": mcore_random._get_cuda_rng_state,
+    "megatron.core.tensor_parallel.random._set_cuda_rng_state": mcore_random._set_cuda_rng_state,
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": mcore_random.CudaRNGStatesTracker.add,
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": mcore_random.CudaRNGStatesTracker.fork,
+    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": mcore_random.model_parallel_cuda_manual_seed,
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": mcore_random.CheckpointWithoutOutput.__init__,
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": mcore_random.CheckpointWithoutOutputFunction.forward,
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": mcore_random.CheckpointWithoutOutput._recompute,
+}
+_FP8_NAMES_BOUND_UPSTREAM = {name: hasattr(mcore_random, name) for name in FP8_DISABLED_NAMES}
+
+
+def source_digest(obj: Any) -> str:
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+
+
+def upstream_drift() -> list[str]:
+    """One line per adapted object whose upstream source no longer matches the pin (empty = none)."""
+    drift = [
+        f"{name}: source digest {source_digest(_ORIGINALS[name])} != pinned {pinned}"
+        for name, pinned in {**PATCHED_SURFACE, **PINNED_CALL_SITES}.items()
+        if source_digest(_ORIGINALS[name]) != pinned
+    ]
+    if not transformer_engine_available():
+        drift += [f"megatron.core.tensor_parallel.random.{name}: bound without TE (adapter would shadow it)"
+                  for name, bound in _FP8_NAMES_BOUND_UPSTREAM.items() if bound]
+    return drift
+
+
+class _FP8Disabled:
+    """TE's ``FP8GlobalStateManager`` as seen when FP8 is off: not enabled, no recipe."""
+
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        return False
+
+    @staticmethod
+    def get_fp8_recipe() -> None:
+        return None
+
+
+def _activation_recompute_forward_disabled(activation_recompute: bool = False, recompute_phase: bool = False):
+    """TE's ``activation_recompute_forward`` without FP8: it only marks phases for FP8 scaling."""
+    return contextlib.nullcontext()
+
+
+def _fp8_autocast_disabled(enabled: bool = False, fp8_recipe: Any = None, **_: Any):
+    """TE's ``fp8_autocast(enabled=False)``: a null context."""
+    if enabled:
+        raise RuntimeError("FP8 requested on CPU: the CPU adapter only binds FP8's disabled meaning")
+    return contextlib.nullcontext()
+
+
+def _cpu_current_device() -> str:
+    return "cpu"
+
+
+def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+    return torch.get_rng_state()  # already a copy
+
+
+def _cpu_manual_seed(seed: int) -> None:
+    torch.default_generator.manual_seed(int(seed))
+
+
+def _cpu_set_rng_state(new_state: torch.Tensor, device: int = -1, graph_safe: bool = False) -> None:
+    torch.set_rng_state(new_state)
+
+
+class _DropForkWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _FORK_WARNING not in record.getMessage()
+
+
+def transformer_engine_available() -> bool:
+    return bool(mcore_random.HAVE_TE)
+
+
+def enable_cpu_adapter() -> bool:
+    """Install the adapter once; returns True when it is active (False on a CUDA machine)."""
+    global _enabled
+    if _enabled:
+        return True
+    if torch.cuda.is_available():
+        return False
+    torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
+    torch.cuda.get_rng_state = _cpu_get_rng_state  # type: ignore[assignment]
+    torch.cuda.manual_seed = _cpu_manual_seed  # type: ignore[assignment]
+    mcore_random._get_cuda_rng_state = _cpu_get_rng_state
+    mcore_random._set_cuda_rng_state = _cpu_set_rng_state
+    logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
+    if not transformer_engine_available():
+        mcore_random.FP8GlobalStateManager = _FP8Disabled
+        mcore_random.activation_recompute_forward = _activation_recompute_forward_disabled
+        mcore_random.fp8_autocast = _fp8_autocast_disabled
+    _enabled = True
+    return True
+
+
+def adapter_enabled() -> bool:
+    return _enabled
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Model-parallel sizes for ``initialize_model_parallel`` (product must divide the world size)."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+
+
+def init_cpu_parallel_state(layout: ParallelLayout = ParallelLayout(), *, seed: int = 1234,
+                            timeout_s: float = 120.0) -> None:
+    """Start gloo + MCore model-parallel state + the RNG tracker on CPU (idempotent).
+
+    Under torchrun (``WORLD_SIZE`` and ``MASTER_ADDR`` set) every rank joins the env:// group;
+    otherwise a world of one starts in-process on a private store.
+    """
+    enable_cpu_adapter()
+    if not dist.is_initialized():
+        timeout = timedelta(seconds=timeout_s)
+        if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+            dist.init_process_group("gloo", timeout=timeout)
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    if not parallel_state.model_parallel_is_initialized():
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tp,
+            pipeline_model_parallel_size=layout.pp,
+            expert_model_parallel_size=layout.ep,
+            context_parallel_size=layout.cp,
+            create_gloo_process_groups=False,
+        )
+    reseed(seed)
+
+
+def reseed(seed: int) -> None:
+    """Reset the CPU generator and MCore's RNG tracker, so two runs draw identical dropout masks."""
+    torch.manual_seed(seed)
+    mcore_random.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+
+
+def destroy_cpu_parallel_state() -> None:
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

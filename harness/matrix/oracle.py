@@ -1,0 +1,42 @@
+"""The matrix's prediction for a configuration: walk the validator rules in MCore's order."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from harness.config.labels import accepted_labels
+from harness.config.revisions import collect_revisions
+from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
+from harness.matrix.rules import RULES, Rule
+from harness.matrix.view import ConfigView
+
+_DIFFERENTIAL_RULES: tuple[Rule, ...] = tuple(rule for rule in RULES if rule.differential)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    accepted: bool
+    rule: str | None  # the first reject-rule that fires
+    warning_rules: tuple[str, ...]  # warn-rules that fire before it
+
+
+class Oracle:
+    """Predicts the validator's verdict from the matrix alone (no MCore config is built)."""
+
+    def __init__(self, labels: frozenset[str] | None = None, te_version: str | None = None) -> None:
+        self.labels = accepted_labels() if labels is None else labels
+        self.te_version = collect_revisions()["transformer_engine"] if te_version is None else te_version
+
+    def predict(self, fields: Mapping[str, Any]) -> Prediction:
+        full = {**BASE_MODEL, **fields}
+        view = ConfigView(full, config_defaults(config_class_for(full)), self.labels, self.te_version)
+        warned: list[str] = []
+        for rule in _DIFFERENTIAL_RULES:
+            if not rule.predicate(view):
+                continue
+            if rule.outcome == "reject":
+                return Prediction(False, rule.id, tuple(warned))
+            warned.append(rule.id)
+        return Prediction(True, None, tuple(warned))

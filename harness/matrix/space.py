@@ -1,0 +1,185 @@
+"""The configurations the differential check draws from: every dimension the matrix reads.
+
+Each dimension maps option names to the TransformerConfig fields the option sets; a scenario picks one
+option per dimension plus a label list. Options bundle the prerequisites a feature needs to get past
+unrelated validator rules (EP overlap comes with EP=2 and the alltoall dispatcher), while the
+combinations across dimensions are free, so cross-feature rules are reached from every side.
+The Hypothesis strategies (tests) and the seeded sampler (``matrix --check``, benchmark) share it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Labels outside the accepted set: a made-up one, a case variant, an empty item.
+UNKNOWN_LABELS: tuple[str, ...] = ("not_a_label", "MLP", "")
+MAX_LABELS = 4
+# Chance a sampled dimension stays at its baseline: with a dozen dimensions each able to trip an
+# unrelated prerequisite, uniform draws would stop nearly every config before the recompute rules.
+BASELINE_CHANCE = 0.6
+ALWAYS_DRAWN = ("recompute_granularity",)  # every granularity equally often
+# Options that trip a prerequisite rule early; drawn rarely so that deeper rules get reached.
+RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset({
+    ("recompute_method", "'every'"),
+    ("parallel", "tp1-sp"),
+    ("parallel", "pp2-no-dtype"),
+    ("overlap", "shared-expert-allgather"),
+    ("overlap", "expert-parallel-allgather"),
+    ("overlap", "expert-parallel-ep1"),
+    ("cpu_offloading", "True"),
+    ("cpu_offloading", "all-layers"),
+    ("precision", "fp32"),
+})
+RARE_CHANCE = 0.1
+
+_MOE = {"num_moe_experts": 4, "add_bias_linear": False}
+_GDN = {
+    "experimental_attention_variant": "gated_delta_net",
+    "linear_attention_freq": 2,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+
+
+def _values(field: str, *values: Any) -> dict[str, dict[str, Any]]:
+    return {repr(value): {field: value} for value in values}
+
+
+# dimension -> option name -> fields. The first option of each dimension is its baseline.
+DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
+    "recompute_granularity": _values("recompute_granularity", None, "selective", "full", "partial"),
+    "recompute_method": _values("recompute_method", None, "uniform", "block", "every"),
+    "recompute_num_layers": _values("recompute_num_layers", None, 0, 1, 2),
+    "model": {
+        "dense": {"add_bias_linear": False},
+        "moe": dict(_MOE),
+        "moe-grouped-gemm": {**_MOE, "moe_grouped_gemm": True},
+        "moe-shared-experts": {**_MOE, "moe_shared_expert_intermediate_size": 64},
+        "moe-mixed-dense": {**_MOE, "moe_layer_freq": [0, 1, 1, 1]},
+        "moe-drop-pad": {**_MOE, "moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
+        "mla": {"multi_latent_attention": True},
+        "gdn": dict(_GDN),
+    },
+    "precision": {
+        "bf16": {"bf16": True},
+        "fp32": {},
+        "fp8-delayed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "delayed"},
+        "fp8-tensorwise": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "tensorwise"},
+    },
+    "cuda_graph": {
+        "none": {},
+        "local-whole-layer": {"cuda_graph_impl": "local", "cuda_graph_modules": []},
+        "local-attn": {"cuda_graph_impl": "local", "cuda_graph_modules": ["attn"]},
+        "local-mlp": {"cuda_graph_impl": "local", "cuda_graph_modules": ["mlp"]},
+        "local-moe": {"cuda_graph_impl": "local", "cuda_graph_modules": ["moe"]},
+        "local-moe_router": {"cuda_graph_impl": "local", "cuda_graph_modules": ["moe_router"]},
+        "te-attn-mlp": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn", "mlp"]},
+        "te-moe": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe"]},
+        "te-moe_router": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe_router"]},
+        "te-moe-and-router": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe", "moe_router"]},
+        "full-iteration": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": []},
+        "full-iteration-attn": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": ["attn"]},
+    },
+    "overlap": {
+        "none": {},
+        "shared-expert": {"moe_shared_expert_overlap": True, "moe_token_dispatcher_type": "alltoall"},
+        "shared-expert-allgather": {"moe_shared_expert_overlap": True},
+        "expert-parallel": {
+            "overlap_moe_expert_parallel_comm": True,
+            "expert_model_parallel_size": 2,
+            "moe_token_dispatcher_type": "alltoall",
+        },
+        "expert-parallel-allgather": {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": 2},
+        "expert-parallel-ep1": {"overlap_moe_expert_parallel_comm": True, "moe_token_dispatcher_type": "alltoall"},
+        "both": {
+            "overlap_moe_expert_parallel_comm": True,
+            "expert_model_parallel_size": 2,
+            "moe_shared_expert_overlap": True,
+            "moe_token_dispatcher_type": "alltoall",
+        },
+    },
+    "parallel": {
+        "tp1": {},
+        "tp2": {"tensor_model_parallel_size": 2},
+        "tp2-sp": {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+        "tp1-sp": {"sequence_parallel": True},
+        "pp2": {"pipeline_model_parallel_size": 2, "pipeline_dtype": torch.bfloat16},
+        "pp2-no-dtype": {"pipeline_model_parallel_size": 2},
+    },
+    "distribute_saved_activations": _values("distribute_saved_activations", False, True),
+    "cpu_offloading": {
+        **_values("cpu_offloading", False, True),
+        "all-layers": {"cpu_offloading": True, "cpu_offloading_num_layers": 4},
+    },
+    "attention_dropout": _values("attention_dropout", 0.0, 0.1),
+    "hidden_dropout": _values("hidden_dropout", 0.0, 0.1),
+    "moe_input_jitter_eps": _values("moe_input_jitter_eps", None, 0.01),
+}
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One option per dimension, plus ``recompute_modules`` (None = unset)."""
+
+    options: tuple[tuple[str, str], ...]
+    modules: tuple[str, ...] | None
+
+    @classmethod
+    def baseline(cls) -> "Scenario":
+        return cls(tuple((dim, next(iter(opts))) for dim, opts in DIMENSIONS.items()), None)
+
+    def fields(self) -> dict[str, Any]:
+        """TransformerConfig keyword arguments (on top of the validator's base model)."""
+        fields: dict[str, Any] = {}
+        for dimension, option in self.options:
+            fields.update(DIMENSIONS[dimension][option])
+        if self.modules is not None:
+            fields["recompute_modules"] = list(self.modules)
+        return fields
+
+    def describe(self) -> str:
+        """Only what differs from the baseline, for disagreement reports."""
+        baseline = dict(Scenario.baseline().options)
+        parts = [f"{dim}={opt}" for dim, opt in self.options if baseline[dim] != opt]
+        if self.modules is not None:
+            parts.append(f"recompute_modules={list(self.modules)}")
+        return ", ".join(parts) or "baseline"
+
+
+def label_pool(labels: frozenset[str]) -> list[str]:
+    return sorted(labels) + list(UNKNOWN_LABELS)
+
+
+def options_of(dimension: str) -> tuple[str, list[str], list[str]]:
+    """``(baseline, common options, rare options)`` of a dimension."""
+    baseline, *others = DIMENSIONS[dimension]
+    rare = [option for option in others if (dimension, option) in RARE_OPTIONS]
+    return baseline, [option for option in others if option not in rare], rare
+
+
+def _draw(rng: random.Random, dimension: str) -> str:
+    baseline, common, rare = options_of(dimension)
+    if dimension not in ALWAYS_DRAWN and rng.random() < BASELINE_CHANCE:
+        return baseline
+    if rare and rng.random() < RARE_CHANCE:
+        return rng.choice(rare)
+    return rng.choice(common + ([baseline] if dimension in ALWAYS_DRAWN or not common else []))
+
+
+def sample_scenarios(count: int, labels: frozenset[str], seed: int = 0) -> list[Scenario]:
+    """``count`` scenarios, reproducibly: mostly baseline per dimension, trap options rarely."""
+    rng = random.Random(seed)
+    pool = label_pool(labels)
+    scenarios = []
+    for _ in range(count):
+        options = tuple((dimension, _draw(rng, dimension)) for dimension in DIMENSIONS)
+        modules = None if rng.random() < 0.15 else tuple(rng.choices(pool, k=rng.randint(0, MAX_LABELS)))
+        scenarios.append(Scenario(options, modules))
+    return scenarios

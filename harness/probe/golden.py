@@ -1,0 +1,96 @@
+"""Probe rows as ``cpu-probe`` run records, and the CPU goldens they are compared with exactly.
+
+One golden per style model per revision pin, under tests/golden/cpu/, written only from a real probe
+run. Rejected and hung rows carry no measurements, so they are not golden rows (the validator's
+verdicts are pinned by the compatibility matrix; the deadlock by its own unit test).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.probe.runner import ModelProbe, RowResult
+from harness.probe.status import HANG, REJECTED
+
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "cpu"
+REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
+CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
+
+
+def recipe_name(model: str) -> str:
+    return f"cpu-probe-{model}"
+
+
+def row_metrics(row: RowResult) -> dict[str, int]:
+    from harness.record.build import cpu_probe_metrics
+
+    return cpu_probe_metrics(
+        retained_bytes=row.retained_bytes, backward_flops=row.backward_flops, replay_bytes=row.replay_bytes,
+        replay_ops=row.replay_ops,
+        differing_grads=row.equivalence.differing_grads + (0 if row.equivalence.loss_equal else 1),
+        dropout_differing_grads=row.dropout_equivalence.differing_grads
+        + (0 if row.dropout_equivalence.loss_equal else 1),
+    )
+
+
+def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
+    from harness.record.build import hardware, new_record, outcome, parallelism, workload
+
+    records = []
+    for row in probe.rows:
+        if row.status in (REJECTED, HANG) or not row.measured or row.add_bias_linear:
+            continue
+        records.append(new_record(
+            "cpu-probe",
+            workload=workload(recipe=recipe_name(probe.model), model=probe.model, backend="cpu-probe",
+                              seq_length=probe.seq_length, micro_batch_size=probe.micro_batch_size,
+                              global_batch_size=probe.micro_batch_size, precision="fp32",
+                              attention_backend="local", train_iters=None, parallelism=parallelism(),
+                              extra={"probe_status": row.status}),
+            hardware=hardware(CPU_HARDWARE["device"], CPU_HARDWARE["gpu_count"]),
+            recompute=row.fields,
+            metrics=row_metrics(row),
+            outcome=outcome("completed", message=f"{row.status}: {row.reason}" if row.reason else row.status),
+            revisions=revisions,
+            record_id=f"{recipe_name(probe.model)}/{row.label}",
+        ))
+    return records
+
+
+def golden_path(model: str, records: list[dict[str, Any]], directory: Path = GOLDEN_DIR) -> Path:
+    from harness.record.golden import golden_filename, pins_of
+
+    return directory / golden_filename(recipe_name(model), CPU_HARDWARE, pins_of(records[0]))
+
+
+def write_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> Path:
+    """Write (atomically) the golden for this model and the installed revisions."""
+    from harness.record.golden import golden_from_records, write_golden
+
+    records = probe_records(probe)
+    path = golden_path(probe.model, records, directory)
+    golden = golden_from_records(records, {"source": "cpu probe run", "written_by": REFRESH_COMMAND})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_golden(path, golden)
+    return path
+
+
+def check_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> tuple[Path, list[str]]:
+    """(golden path, problems): one readable line per changed value; empty when everything matches."""
+    from harness.compare.comparator import compare_records
+    from harness.record.golden import load_golden
+
+    records = probe_records(probe)
+    path = golden_path(probe.model, records, directory)
+    if not path.is_file():
+        return path, [f"no CPU golden {path.name} for this Megatron Core revision; write it with: {REFRESH_COMMAND}"]
+    comparison = compare_records(load_golden(path), records, str(path))
+    problems = [
+        f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
+        for check in comparison.failures
+    ]
+    if problems:
+        problems.append(f"if the change is intended, refresh with: {REFRESH_COMMAND}")
+    return path, problems

@@ -1,0 +1,115 @@
+"""Run a probe row that may hang in its own process group, under a timeout.
+
+The child (``python -m harness.probe.isolate``) sets up gloo + the model, prints ``READY``, measures,
+and prints one ``RESULT {json}`` line. The parent gives the setup ``startup_timeout_s`` and the
+measurement ``timeout_s`` after ``READY``; past either, the whole process group is killed (SIGKILL)
+and the row is reported as a hang. The parent never blocks the rest of the probe matrix: it starts
+the child first and collects it last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from harness.config.fields import RecomputeFields
+from harness.probe.plan import ProbeRow
+
+READY, RESULT = "READY", "RESULT "
+
+
+@dataclass
+class IsolatedOutcome:
+    """``hang`` (killed after the timeout), ``crash`` (child failed) or ``completed`` with a payload."""
+
+    status: str
+    message: str
+    payload: dict[str, Any] | None = None
+
+
+class IsolatedProbe:
+    """A started child process measuring one row; ``outcome()`` waits for it (bounded)."""
+
+    def __init__(self, model: str, row: ProbeRow, *, timeout_s: float, startup_timeout_s: float = 120.0,
+                 seed: int = 1234) -> None:
+        self.row = row
+        self.timeout_s = timeout_s
+        self.startup_timeout_s = startup_timeout_s
+        command = [sys.executable, "-m", "harness.probe.isolate", "--model", model, "--seed", str(seed),
+                   "--fields", json.dumps(row.fields.as_dict())]
+        if row.add_bias_linear:
+            command.append("--add-bias-linear")
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        start_new_session=True, env=env)
+
+    def outcome(self) -> IsolatedOutcome:
+        selector = selectors.DefaultSelector()
+        selector.register(self.process.stdout, selectors.EVENT_READ)
+        deadline = self.started + self.startup_timeout_s
+        ready_at: float | None = None
+        payload = None
+        buffered = ""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._kill()
+                phase = "measurement" if ready_at else "setup"
+                limit = self.timeout_s if ready_at else self.startup_timeout_s
+                return IsolatedOutcome("hang", f"no result {limit:.0f} s into {phase}; process group killed")
+            if not selector.select(timeout=remaining):
+                continue
+            chunk = self.process.stdout.readline()
+            if chunk == "":  # child exited
+                break
+            buffered = chunk.strip()
+            if buffered == READY and ready_at is None:
+                ready_at = time.monotonic()
+                deadline = ready_at + self.timeout_s
+            elif buffered.startswith(RESULT):
+                payload = json.loads(buffered[len(RESULT):])
+        self.process.wait(timeout=10)
+        if payload is None:
+            tail = (self.process.stderr.read() or "").strip().splitlines()[-1:] or ["no output"]
+            return IsolatedOutcome("crash", f"exit {self.process.returncode}: {tail[0]}")
+        return IsolatedOutcome("completed", "", payload)
+
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=10)
+
+
+def _child(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness.probe.isolate")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--fields", required=True)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--add-bias-linear", action="store_true")
+    args = parser.parse_args(argv)
+
+    from harness.cpu.adapter import init_cpu_parallel_state
+    from harness.probe.runner import measure_row_pair
+
+    init_cpu_parallel_state(seed=args.seed)
+    row = ProbeRow(RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear)
+    print(READY, flush=True)
+    payload = measure_row_pair(args.model, row, seed=args.seed)
+    print(RESULT + json.dumps(payload), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1:]))

@@ -1,0 +1,153 @@
+"""One forward + backward of a tiny model, measured: loss, gradients, retained bytes, replay cost.
+
+- **Retained bytes at the end of forward**: every tensor autograd saves during forward is packed
+  through ``saved_tensors_hooks``; the hook keeps only a weak reference. When forward returns, the
+  tensors still alive are exactly those autograd still holds, and their storages are measured *then*,
+  so an output-discard checkpoint (``CheckpointWithoutOutput`` resizes the discarded output's storage
+  to 0) counts as freed. Storages are deduplicated; parameter storages are excluded.
+- **Attribution**: each saved storage is charged to the innermost module whose forward was running
+  when autograd first saved it.
+- **Replay cost**: backward FLOPs from ``FlopCounterMode`` (matmul-class ops only), plus the bytes
+  read and written by every op *replayed* in backward. A replayed op is one that runs with grad mode
+  on during backward: autograd runs backward with grad mode off, and every MCore checkpoint replays
+  its forward under ``torch.enable_grad()``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import FlopCounterMode
+
+from harness.cpu.adapter import reseed
+from harness.cpu.models import TinyModel
+
+
+@dataclass
+class Measurement:
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    retained_bytes: int
+    attribution: dict[str, int]  # module path -> retained bytes first saved in its forward
+    backward_flops: int
+    replay_bytes: int
+    replay_ops: int
+    replay_flops: int = 0
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+class _ModuleStack:
+    """The qualified names of the modules whose forward is running (innermost last)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.names: list[str] = []
+        self._handles = []
+        for name, module in model.named_modules():
+            self._handles.append(module.register_forward_pre_hook(self._enter(name)))
+            self._handles.append(module.register_forward_hook(self._leave, always_call=True))
+
+    def _enter(self, name: str):
+        def hook(module, args):
+            self.names.append(name)
+        return hook
+
+    def _leave(self, module, args, output):
+        self.names.pop()
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+
+class _SavedTensors:
+    """``saved_tensors_hooks`` that record weak references to what autograd saves, and where."""
+
+    def __init__(self, stack: _ModuleStack) -> None:
+        self.stack = stack
+        self.saved: list[tuple[weakref.ref, str]] = []
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.saved.append((weakref.ref(tensor), self.stack.names[-1] if self.stack.names else "<root>"))
+        return tensor
+
+    @staticmethod
+    def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def retained(self, parameter_storages: set[int]) -> tuple[int, dict[str, int]]:
+        """Bytes of the live, non-parameter storages, deduplicated, and their attribution."""
+        seen: set[int] = set()
+        total = 0
+        attribution: dict[str, int] = defaultdict(int)
+        for ref, module in self.saved:
+            tensor = ref()
+            if tensor is None:
+                continue
+            key = _storage_key(tensor)
+            if key in seen or key in parameter_storages:
+                continue
+            seen.add(key)
+            nbytes = tensor.untyped_storage().nbytes()
+            total += nbytes
+            attribution[module] += nbytes
+        return total, dict(attribution)
+
+
+class _ReplayCounter(TorchDispatchMode):
+    """Bytes read + written (and FLOPs) by ops that run with grad mode on, i.e. replayed forward ops."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bytes = 0
+        self.ops = 0
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if torch.is_grad_enabled():
+            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            self.bytes += sum(t.numel() * t.element_size() for t in tensors)
+            self.ops += 1
+        return out
+
+
+def measure(model: TinyModel, *, seed: int = 1234, batch_seed: int = 0, instrument: bool = True) -> Measurement:
+    """Run forward + backward once from a reset RNG; with ``instrument`` False only loss and grads."""
+    module = model.module
+    module.train()
+    module.zero_grad(set_to_none=True)
+    batch = model.batch(batch_seed)
+    reseed(seed)
+    if not instrument:
+        loss = model.loss(batch)
+        loss.backward()
+        return Measurement(loss.detach(), _grads(module), 0, {}, 0, 0, 0)
+
+    stack = _ModuleStack(module)
+    saved = _SavedTensors(stack)
+    try:
+        with saved.hooks:
+            loss = model.loss(batch)
+    finally:
+        stack.remove()
+    parameter_storages = {_storage_key(p) for p in module.parameters()}
+    retained_bytes, attribution = saved.retained(parameter_storages)
+    seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
+    with FlopCounterMode(display=False) as flops, _ReplayCounter() as replay:
+        loss.backward(seed_grad)
+    return Measurement(loss.detach(), _grads(module), retained_bytes, attribution,
+                       int(flops.get_total_flops()), replay.bytes, replay.ops)
+
+
+def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}

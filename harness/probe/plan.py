@@ -1,0 +1,77 @@
+"""Which recompute configurations a probe measures on a model.
+
+The control ``[]``, every label the installed validator accepts (read from it, never listed here),
+the combinations from the skill's tables (harness/data/probe-combinations.json), and full recompute.
+``--modules`` narrows that to the control plus the label sets a user names.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+
+CONTROL = RecomputeFields.selective()
+
+
+@dataclass(frozen=True)
+class ProbeRow:
+    """One configuration to measure; ``add_bias_linear`` rows are the known-deadlock probe."""
+
+    fields: RecomputeFields
+    add_bias_linear: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.fields.name} (bias)" if self.add_bias_linear else self.fields.name
+
+    @property
+    def may_hang(self) -> bool:
+        """Selective ``mlp`` with biases deadlocks in ``CheckpointFunction.backward`` (0.19.2)."""
+        return self.add_bias_linear
+
+
+def _combinations_file() -> dict:
+    return json.loads(resources.files("harness").joinpath("data/probe-combinations.json").read_text())
+
+
+def known_labels() -> frozenset[str]:
+    from harness.config.labels import accepted_labels
+
+    return accepted_labels()
+
+
+def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
+    """``["core_attn", "layernorm+moe_act"]`` -> label tuples; unknown labels are a usage error."""
+    known = known_labels()
+    sets = []
+    for spec in specs:
+        labels = tuple(part for part in spec.split("+") if part)
+        unknown = [label for label in labels if label not in known]
+        if not labels or unknown:
+            raise UsageError(
+                f"unknown recompute label(s) {', '.join(unknown) or repr(spec)} for this Megatron Core; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        sets.append(labels)
+    return sets
+
+
+def plan_rows(label_sets: list[tuple[str, ...]] | None = None, *, hang_probe: bool = True) -> list[ProbeRow]:
+    """Rows in table order: control, singles, combinations, full, then the deadlock probe."""
+    rows = [ProbeRow(CONTROL)]
+    if label_sets is not None:
+        rows += [ProbeRow(RecomputeFields.selective(*labels)) for labels in label_sets]
+        return rows
+    known = known_labels()
+    data = _combinations_file()
+    rows += [ProbeRow(RecomputeFields.selective(label)) for label in sorted(known)]
+    rows += [ProbeRow(RecomputeFields.selective(*combo)) for combo in data["combinations"]
+             if all(label in known for label in combo)]
+    rows += [ProbeRow(RecomputeFields.full(entry["method"], entry["num_layers"])) for entry in data["full"]]
+    if hang_probe and "mlp" in known:
+        rows.append(ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True))
+    return rows

@@ -1,0 +1,172 @@
+"""Probe style models: measure every planned row against the ``[]`` control and classify it.
+
+Rows run in this process on one gloo group (imports and the group are paid once); only rows that
+may hang run isolated (harness.probe.isolate), started before and collected after the others.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
+from harness.cpu.models import build_model, style_model
+from harness.probe.measure import Measurement, measure
+from harness.probe.plan import CONTROL, ProbeRow, plan_rows
+from harness.probe.status import (
+    CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, Equivalence, compare_numerics, requires_te_reason,
+    te_only_labels_missing,
+)
+
+DEFAULT_HANG_TIMEOUT_S = 10.0
+
+
+@dataclass
+class RowResult:
+    label: str
+    fields: RecomputeFields
+    add_bias_linear: bool
+    status: str
+    reason: str = ""
+    rule: str | None = None
+    retained_bytes: int | None = None
+    backward_flops: int | None = None
+    replay_bytes: int | None = None
+    replay_ops: int | None = None
+    equivalence: Equivalence | None = None  # fp32, dropout off
+    dropout_equivalence: Equivalence | None = None  # dropout on: equal only if the RNG replays
+    attribution: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def measured(self) -> bool:
+        return self.retained_bytes is not None
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fields"] = self.fields.as_dict()
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RowResult":
+        data = dict(data)
+        data["fields"] = RecomputeFields.from_dict(data["fields"])
+        for key in ("equivalence", "dropout_equivalence"):
+            if data[key] is not None:
+                data[key] = Equivalence(**data[key])
+        return cls(**data)
+
+
+@dataclass
+class ModelProbe:
+    model: str
+    description: str
+    seq_length: int
+    micro_batch_size: int
+    rows: list[RowResult]
+
+    @property
+    def control(self) -> RowResult:
+        return next(row for row in self.rows if row.fields == CONTROL and not row.add_bias_linear)
+
+
+@dataclass
+class Baseline:
+    """The ``[]`` control of one model: its weights (shared by every row) and measurements."""
+
+    state: dict[str, Any]
+    fp32: Measurement
+    dropout: Measurement
+
+
+def _build(model: str, fields: RecomputeFields, *, dropout: bool, add_bias_linear: bool, **sizes: Any):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return build_model(model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes)
+
+
+def baseline(model: str, *, add_bias_linear: bool = False, seed: int = 1234, **sizes: Any) -> Baseline:
+    control = _build(model, CONTROL, dropout=False, add_bias_linear=add_bias_linear, **sizes)
+    state = control.module.state_dict()  # never trained: forward + backward leave the weights as built
+    fp32 = measure(control, seed=seed)
+    with_dropout = _build(model, CONTROL, dropout=True, add_bias_linear=add_bias_linear, **sizes)
+    with_dropout.module.load_state_dict(state)
+    return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
+
+
+def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any) -> RowResult:
+    """Build ``row`` with the control's weights, measure it, classify it."""
+    from harness.matrix.rules import rule_for_message
+
+    try:
+        built = _build(model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes)
+    except (AssertionError, ValueError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RowResult(row.label, row.fields, row.add_bias_linear, REJECTED, message, rule_for_message(str(exc)))
+    built.module.load_state_dict(base.state)
+    result = measure(built, seed=seed)
+    with_dropout = _build(model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes)
+    with_dropout.module.load_state_dict(base.state)
+    dropout = measure(with_dropout, seed=seed, instrument=False)
+
+    counts = (result.retained_bytes, result.backward_flops, result.replay_bytes)
+    control_counts = (base.fp32.retained_bytes, base.fp32.backward_flops, base.fp32.replay_bytes)
+    labels = row.fields.modules or ()
+    missing_te = te_only_labels_missing(labels, built.module, transformer_engine_available())
+    if row.fields == CONTROL:
+        status, reason = CONTROL_STATUS, ""
+    elif missing_te:
+        status, reason = REQUIRES_TE, requires_te_reason(missing_te, built.module)
+    elif counts == control_counts:
+        status, reason = INACTIVE, "accepted, but retained bytes, backward FLOPs and replayed bytes equal []"
+    else:
+        status, reason = EFFECTIVE, ""
+    return RowResult(
+        row.label, row.fields, row.add_bias_linear, status, reason, None,
+        result.retained_bytes, result.backward_flops, result.replay_bytes, result.replay_ops,
+        compare_numerics(result.loss, result.grads, base.fp32.loss, base.fp32.grads),
+        compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
+        result.attribution,
+    )
+
+
+def measure_row_pair(model: str, row: ProbeRow, *, seed: int = 1234) -> dict[str, Any]:
+    """Control + row in one go (the isolated child's job), as JSON-ready data."""
+    base = baseline(model, add_bias_linear=row.add_bias_linear, seed=seed)
+    return measure_row(model, row, base, seed=seed).as_dict()
+
+
+def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = None, *,
+                 hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, seed: int = 1234,
+                 seq_length: int | None = None, micro_batch_size: int | None = None) -> list[ModelProbe]:
+    """Probe each model; rows that may hang run in parallel child processes under a timeout."""
+    from harness.probe.isolate import IsolatedProbe
+
+    styles = [style_model(name) for name in models]
+    sizes = {key: value for key, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size))
+             if value is not None}
+    rows = plan_rows(label_sets)
+    # Only the first model gets the deadlock probe: it is about MCore's checkpoint, not the model.
+    isolated = {
+        style.name: [IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed)
+                     for row in rows if row.may_hang and style.name == models[0] and not sizes]
+        for style in styles
+    }
+    init_cpu_parallel_state(seed=seed)
+    probes = []
+    for style in styles:
+        base = baseline(style.name, seed=seed, **sizes)
+        results = [measure_row(style.name, row, base, seed=seed, **sizes) for row in rows if not row.may_hang]
+        probes.append(ModelProbe(style.name, style.description,
+                                 sizes.get("seq_length", style.seq_length),
+                                 sizes.get("micro_batch_size", style.micro_batch_size), results))
+    for probe in probes:
+        for child in isolated[probe.model]:
+            outcome = child.outcome()
+            if outcome.payload is not None:
+                probe.rows.append(RowResult.from_dict(outcome.payload))
+            else:  # "hang", or "crash" when the child died
+                probe.rows.append(RowResult(child.row.label, child.row.fields, child.row.add_bias_linear,
+                                            outcome.status, outcome.message))
+    return probes

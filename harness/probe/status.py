@@ -1,0 +1,81 @@
+"""Verdicts on one probe row: numerical equivalence with the control, and what the label did.
+
+Statuses (the ``[]`` row itself is ``control``):
+- ``effective``   accepted, and retained bytes or replay work differ from ``[]``;
+- ``inactive``    accepted, and bytes, FLOPs and replayed bytes all equal ``[]``'s;
+- ``requires-TE`` accepted, but a label's implementation exists only in Transformer Engine modules
+                  that this build does not have, so the label is silently ignored;
+- ``rejected``    the real validator refused the configuration (with the matrix rule id);
+- ``hang``        the isolated probe did not finish before its timeout (process group killed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+CONTROL_STATUS = "control"
+EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED, HANG = "effective", "inactive", "requires-TE", "rejected", "hang"
+
+# label -> (TE module class that implements it, where): in 0.19.2 ``moe_act`` is read only by
+# TEGroupedMLP.__init__ (transformer/moe/experts.py); without TE, grouped-GEMM experts are built as
+# SequentialMLP and the validator still accepts the label.
+TE_ONLY_LABELS: dict[str, tuple[str, str]] = {
+    "moe_act": ("TEGroupedMLP", "megatron/core/transformer/moe/experts.py"),
+}
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Loss and parameter gradients of a row against the control's, bit for bit."""
+
+    loss_equal: bool
+    differing_grads: int
+    max_abs_grad_diff: float
+
+    @property
+    def bitwise(self) -> bool:
+        return self.loss_equal and self.differing_grads == 0
+
+    @property
+    def summary(self) -> str:
+        if self.bitwise:
+            return "bitwise"
+        loss = "" if self.loss_equal else "loss≠ "
+        return f"{loss}{self.differing_grads} grads≠ (max |Δ| {self.max_abs_grad_diff:.1e})"
+
+
+def compare_numerics(loss: torch.Tensor, grads: dict[str, torch.Tensor],
+                     control_loss: torch.Tensor, control_grads: dict[str, torch.Tensor]) -> Equivalence:
+    names = sorted(set(grads) | set(control_grads))
+    differing, max_diff = 0, 0.0
+    for name in names:
+        mine, theirs = grads.get(name), control_grads.get(name)
+        if mine is None or theirs is None or mine.shape != theirs.shape:
+            differing += 1
+            max_diff = float("inf")
+            continue
+        if not torch.equal(mine, theirs):
+            differing += 1
+            max_diff = max(max_diff, (mine - theirs).abs().max().item())
+    return Equivalence(bool(torch.equal(loss, control_loss)), differing, max_diff)
+
+
+def te_only_labels_missing(labels: tuple[str, ...], model: torch.nn.Module, have_te: bool) -> list[str]:
+    """Labels in ``labels`` whose only implementation is a TE class absent from ``model``."""
+    if have_te:
+        return []
+    present = {type(module).__name__ for module in model.modules()}
+    return [label for label in labels if label in TE_ONLY_LABELS and TE_ONLY_LABELS[label][0] not in present]
+
+
+def requires_te_reason(missing: list[str], model: torch.nn.Module) -> str:
+    experts = sorted({type(m).__name__ for name, m in model.named_modules() if name.endswith(".experts")})
+    parts = [
+        f"{label} recompute exists only in {TE_ONLY_LABELS[label][0]} ({TE_ONLY_LABELS[label][1]}); "
+        f"without Transformer Engine the experts are {'/'.join(experts) or 'absent'}, so the validator "
+        f"accepts {label} and it does nothing"
+        for label in missing
+    ]
+    return "; ".join(parts)

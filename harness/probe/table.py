@@ -1,0 +1,98 @@
+"""Probe results as the skill's tables (label, retained MiB, vs [] %, backward GFLOPs, vs [] %, ...)."""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from harness.probe.runner import ModelProbe, RowResult
+
+MIB = 1024 * 1024
+_LAYER_CHILD = re.compile(r"^(.*?layers\.\d+)((?:\.[^.]+){0,2})")
+
+
+def _pct(value: int | None, base: int | None) -> str:
+    if value is None or not base:
+        return "-"
+    if value == base:
+        return "0.00%"
+    return f"{(value - base) / base * 100:+.2f}%"
+
+
+def _equivalence(row: RowResult) -> str:
+    if row.equivalence is None:
+        return "-"
+    fp32, dropout = row.equivalence, row.dropout_equivalence
+    if fp32.bitwise and dropout.bitwise:
+        return "bitwise (fp32, dropout)"
+    return f"fp32 {fp32.summary}; dropout {dropout.summary}"
+
+
+def _status(row: RowResult) -> str:
+    if row.rule:
+        return f"{row.status} [{row.rule}]"
+    if row.status in ("hang", "crash", "requires-TE"):
+        return f"{row.status}: {row.reason}"
+    return row.status
+
+
+def probe_table(probe: ModelProbe) -> str:
+    control = probe.control
+    lines = [
+        f"## {probe.model} — {probe.description}",
+        f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU; bytes retained by "
+        "autograd at the end of forward; FLOPs of backward (matmul-class ops)",
+        "",
+        "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Equivalence | Status |",
+        "|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in probe.rows:
+        if row.measured:
+            cells = [f"{row.retained_bytes / MIB:.3f}", _pct(row.retained_bytes, control.retained_bytes),
+                     f"{row.backward_flops / 1e9:.4f}", _pct(row.backward_flops, control.backward_flops),
+                     f"{row.replay_bytes / MIB:.3f}"]
+        else:
+            cells = ["-"] * 5
+        label = "`[]`" if row is control else f"`{row.label}`"
+        lines.append("| " + " | ".join([label, *cells, _equivalence(row), _status(row)]) + " |")
+    return "\n".join(lines)
+
+
+def module_group(path: str) -> str:
+    """``decoder.layers.1.mlp.experts.local_experts.0.linear_fc1`` -> ``decoder.layers.1.mlp.experts``."""
+    match = _LAYER_CHILD.match(path)
+    return match.group(1) + match.group(2) if match else (path or "(model)")
+
+
+def grouped_attribution(attribution: dict[str, int]) -> dict[str, int]:
+    grouped: dict[str, int] = defaultdict(int)
+    for path, nbytes in attribution.items():
+        grouped[module_group(path)] += nbytes
+    return dict(grouped)
+
+
+def attribution_table(probe: ModelProbe) -> str:
+    """Retained bytes per module for ``[]`` and the change each measured row makes there."""
+    rows = [row for row in probe.rows if row.measured]
+    grouped = {row.label: grouped_attribution(row.attribution) for row in rows}
+    control = grouped[probe.control.label]
+    modules = sorted({module for values in grouped.values() for module in values},
+                     key=lambda m: (-control.get(m, 0), m))
+    changed = [row.label for row in rows if row is not probe.control and grouped[row.label] != control]
+    header = ["Module (saved in its forward)", "`[]` KiB", "share", *[f"`{label}` Δ KiB" for label in changed]]
+    lines = [f"### {probe.model}: where the retained activation bytes are", "",
+             "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    total = sum(control.values()) or 1
+    for module in modules:
+        base = control.get(module, 0)
+        deltas = [grouped[label].get(module, 0) - base for label in changed]
+        cells = [f"{base / 1024:.1f}", f"{base / total * 100:.1f}%",
+                 *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas]]
+        lines.append("| " + " | ".join([module, *cells]) + " |")
+    return "\n".join(lines)
+
+
+def probe_json(probe: ModelProbe) -> dict[str, Any]:
+    return {"model": probe.model, "description": probe.description, "seq_length": probe.seq_length,
+            "micro_batch_size": probe.micro_batch_size, "rows": [row.as_dict() for row in probe.rows]}

@@ -1,0 +1,197 @@
+"""Golden files: one per recipe × hardware × revision pin, under tests/golden/.
+
+A golden holds, per recompute row, the headline values of a record set, the tolerance policy each
+metric is judged by, the revision pins the values are valid for, and where the numbers came from. It
+is built only from validated records (``golden_from_records``) and written atomically; NaN or inf can
+never enter one (the strict loader and writer refuse them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+from harness.record.io import parse_json, read_json, write_json_atomic
+from harness.record.schema import STATUSES
+
+GOLDEN_SCHEMA = "recompute-harness/golden"
+GOLDEN_SCHEMA_VERSION = 1
+TOLERANCE_MODES = ("relative", "exact")
+# Headline metrics of run and reference records that a golden row holds.
+RUN_METRICS = (
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_after_iteration",
+    "step_time_ms", "tflops_per_gpu", "skipped_iterations", "nan_iterations",
+)
+PIN_KEYS = ("megatron_core", "megatron_bridge", "torch", "transformer_engine", "cuda")
+
+
+def default_tolerance_policy(kind: str) -> dict[str, dict[str, Any]]:
+    """The policy from harness/data/tolerance-policy.json for a record kind."""
+    text = resources.files("harness").joinpath("data/tolerance-policy.json").read_text(encoding="utf-8")
+    policy = parse_json(text, "harness/data/tolerance-policy.json")
+    return policy["reference" if kind == "reference" else kind]
+
+
+def row_values(record: dict[str, Any]) -> dict[str, int | float | None]:
+    """The golden-comparable values of one record."""
+    metrics = record["metrics"]
+    if record["kind"] == "cpu-probe":
+        return dict(metrics)
+    values = {name: metrics["headline"][name] for name in RUN_METRICS if name in metrics["headline"]}
+    values["skipped_iterations"] = metrics["skipped_iterations"]
+    values["nan_iterations"] = metrics["nan_iterations"]
+    return values
+
+
+def row_label(record: dict[str, Any]) -> str:
+    return RecomputeFields.from_dict(record["recompute"]).name
+
+
+def pins_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The revisions a golden is pinned to (driver, python and host are provenance, not pins)."""
+    return {key: record["revisions"][key] for key in PIN_KEYS}
+
+
+def hardware_of(record: dict[str, Any]) -> dict[str, Any]:
+    return {"device": record["hardware"]["device"], "gpu_count": record["hardware"]["gpu_count"]}
+
+
+def pin_slug(pins: dict[str, Any]) -> str:
+    """``mcore-<commit12>`` or ``mcore-<version>-<fingerprint>``, ``bridge-<commit12|version>``, ``stack-<digest>``."""
+    mcore = pins["megatron_core"] or {}
+    parts = [f"mcore-{mcore['commit'][:12]}" if mcore.get("commit") else f"mcore-{mcore.get('version')}-{mcore.get('fingerprint')}"]
+    bridge = pins["megatron_bridge"]
+    if bridge:
+        parts.append(f"bridge-{bridge['commit'][:12]}" if bridge.get("commit") else f"bridge-{bridge.get('version')}")
+    stack = [pins[key] for key in ("torch", "transformer_engine", "cuda")]
+    if any(stack):  # torch / TE / CUDA are pins too: a new stack gets its own file
+        parts.append("stack-" + hashlib.sha256(json.dumps(stack).encode()).hexdigest()[:8])
+    return "__".join(parts)
+
+
+def golden_filename(recipe: str, hardware: dict[str, Any], pins: dict[str, Any]) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)
+    return f"{slug}__{hardware['device']}x{hardware['gpu_count']}__{pin_slug(pins)}.json"
+
+
+def golden_from_records(
+    records: Sequence[dict[str, Any]],
+    provenance: dict[str, Any],
+    tolerance: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """Build a golden from one recipe × hardware × pin set of validated records."""
+    if not records:
+        raise UsageError("no records to build a golden from")
+    first = records[0]
+    identity = (first["kind"], first["workload"]["recipe"], hardware_of(first), pins_of(first))
+    for record in records[1:]:
+        other = (record["kind"], record["workload"]["recipe"], hardware_of(record), pins_of(record))
+        if other != identity:
+            raise UsageError(
+                f"record {record['id']}: kind, recipe, hardware or pins differ from record {first['id']}; "
+                "a golden covers one recipe × hardware × revision pin"
+            )
+    rows = []
+    for record in records:
+        rows.append({
+            "label": row_label(record),
+            "recompute": record["recompute"],
+            "outcome": {key: record["outcome"][key] for key in ("status", "iteration", "phase")},
+            "values": row_values(record),
+            "record": record["id"],
+        })
+    policy = default_tolerance_policy(first["kind"])
+    if "*" in policy:  # one rule for every metric (CPU probes: exact)
+        policy = {name: policy["*"] for name in sorted({n for row in rows for n in row["values"]})}
+    # A previous golden's rules (tuned by hand for this recipe) win over the defaults.
+    policy.update({name: rule for name, rule in (tolerance or {}).items() if name in policy})
+    golden = {
+        "schema": GOLDEN_SCHEMA,
+        "schema_version": GOLDEN_SCHEMA_VERSION,
+        "kind": first["kind"],
+        "recipe": first["workload"]["recipe"],
+        "hardware": hardware_of(first),
+        "pins": pins_of(first),
+        "provenance": {**provenance, "versions": first["revisions"], "records": [r["id"] for r in records]},
+        "tolerance": policy,
+        "rows": rows,
+    }
+    return validate_golden(golden, "new golden")
+
+
+def validate_golden(golden: Any, source: str) -> dict[str, Any]:
+    """Return ``golden`` if well formed, else raise ``UsageError`` (one line)."""
+    def fail(problem: str) -> None:
+        raise UsageError(f"{source}: {problem}")
+
+    if not isinstance(golden, dict) or golden.get("schema") != GOLDEN_SCHEMA:
+        fail(f"not a golden file (expected schema {GOLDEN_SCHEMA!r})")
+    if golden.get("schema_version") != GOLDEN_SCHEMA_VERSION:
+        fail(f"unknown golden schema version {golden.get('schema_version')!r}; this harness reads {GOLDEN_SCHEMA_VERSION}")
+    required = ("kind", "recipe", "hardware", "pins", "provenance", "tolerance", "rows")
+    missing = [key for key in required if key not in golden]
+    if missing:
+        fail(f"missing {', '.join(missing)}")
+    pins = golden["pins"]
+    if not isinstance(pins, dict) or any(key not in pins for key in PIN_KEYS):
+        fail(f"pins: missing one of {', '.join(PIN_KEYS)}")
+    mcore, bridge = pins["megatron_core"], pins["megatron_bridge"]
+    if not isinstance(mcore, dict) or not (mcore.get("commit") or (mcore.get("version") and mcore.get("fingerprint"))):
+        fail("pins.megatron_core: needs a commit, or a version and a fingerprint (a golden must be pinned)")
+    pinned = [*mcore.values(), *(bridge.values() if isinstance(bridge, dict) else [bridge]),
+              *(pins[key] for key in ("torch", "transformer_engine", "cuda"))]
+    if not (bridge is None or isinstance(bridge, dict)) or any(v is not None and not isinstance(v, str) for v in pinned):
+        fail("pins: every pin is a string or null")
+    hardware = golden["hardware"]
+    if not isinstance(hardware, dict) or not isinstance(hardware.get("device"), str) or not isinstance(hardware.get("gpu_count"), int):
+        fail("hardware: needs device and gpu_count")
+    provenance = golden["provenance"]
+    if not isinstance(provenance, dict) or not isinstance(provenance.get("source"), str):
+        fail("provenance: needs a source")
+    tolerance = golden["tolerance"]
+    if not isinstance(tolerance, dict):
+        fail("tolerance: expected an object")
+    for metric, rule in tolerance.items():
+        if not isinstance(rule, dict) or rule.get("mode") not in TOLERANCE_MODES:
+            fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_MODES)}")
+        if rule["mode"] == "relative":
+            rel = rule.get("rel")
+            if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel) or rel < 0:
+                fail(f"tolerance.{metric}.rel: expected a finite number >= 0")
+    rows = golden["rows"]
+    if not isinstance(rows, list) or not rows:
+        fail("rows: expected a non-empty array")
+    labels: set[str] = set()
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict) or not {"label", "recompute", "outcome", "values"} <= set(row):
+            fail(f"rows[{i}]: needs label, recompute, outcome and values")
+        if not isinstance(row["label"], str):
+            fail(f"rows[{i}].label: expected a string")
+        if row["label"] in labels:
+            fail(f"rows[{i}]: duplicated row {row['label']!r}")
+        labels.add(row["label"])
+        if not isinstance(row["outcome"], dict) or row["outcome"].get("status") not in STATUSES:
+            fail(f"rows[{i}].outcome.status: expected one of {', '.join(STATUSES)}")
+        if not isinstance(row["values"], dict):
+            fail(f"rows[{i}].values: expected an object")
+        for metric, value in row["values"].items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+                fail(f"rows[{i}].values.{metric}: expected a finite number or null, got {value!r}")
+            if metric not in tolerance:
+                fail(f"rows[{i}].values.{metric}: no tolerance rule for this metric")
+    return golden
+
+
+def load_golden(path: Path) -> dict[str, Any]:
+    return validate_golden(read_json(Path(path)), str(path))
+
+
+def write_golden(path: Path, golden: dict[str, Any]) -> None:
+    write_json_atomic(Path(path), validate_golden(golden, str(path)))

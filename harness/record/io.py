@@ -1,0 +1,144 @@
+"""Strict JSON loading and atomic writing for run records (and any other harness JSON file).
+
+Loading refuses what ``json`` would silently accept: NaN/Infinity literals, duplicated keys, and
+trailing garbage. Writing goes to a temporary file in the target directory and is moved into place
+with ``os.replace``, so a reader never sees a half-written file and an error never loses the old one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from harness.errors import UsageError
+from harness.record.schema import SCHEMA, SCHEMA_VERSION, validate_record
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed (NaN/inf are invalid in harness files)")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        duplicated = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise ValueError(f"duplicated key {duplicated!r}")
+    return result
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Parse ``text`` strictly; any problem is one ``UsageError`` line naming ``source``."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{source}: malformed or truncated JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"{source}: invalid JSON: {exc}") from None
+
+
+def read_json(path: Path) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{path}: is a directory") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {exc}") from None
+    return parse_json(text, str(path))
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write ``data`` as indented JSON: temp file in the same directory, fsync, ``os.replace``."""
+    path = Path(path)
+    try:
+        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    except ValueError as exc:
+        raise UsageError(f"{path}: refusing to write: {exc}") from None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    """Validate, then write one record atomically (an invalid record never reaches the disk)."""
+    write_json_atomic(path, validate_record(record, str(path)))
+
+
+def _expand(paths: Iterable[Path | str]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(path.rglob("*.json"))
+            if not found:
+                raise UsageError(f"{path}: directory holds no .json records")
+            files.extend(found)
+        else:
+            files.append(path)
+    return files
+
+
+def records_in(data: Any, source: str) -> list[Any]:
+    """A file holds one record object or a JSON array of records."""
+    if isinstance(data, list):
+        if not data:
+            raise UsageError(f"{source}: empty record list")
+        return data
+    return [data]
+
+
+def load_records(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
+    """Load and validate every record in ``paths`` (files or directories of ``*.json``).
+
+    Refuses, before validating any record: inputs that are not run records, records of mixed schema
+    versions; after: duplicated ids and duplicated rows (same configuration measured twice).
+    """
+    loaded: list[tuple[str, Any]] = []
+    files = _expand(paths)
+    if not files:
+        raise UsageError("no record files given")
+    for path in files:
+        data = read_json(path)
+        items = records_in(data, str(path))
+        for i, item in enumerate(items):
+            loaded.append((str(path) if len(items) == 1 else f"{path}[{i}]", item))
+    versions = {item.get("schema_version") for _, item in loaded if isinstance(item, dict) and item.get("schema") == SCHEMA}
+    if len(versions) > 1:
+        shown = ", ".join(sorted(repr(v) for v in versions))
+        raise UsageError(f"records from mixed schema versions ({shown}); this harness reads version {SCHEMA_VERSION} only")
+    records = [validate_record(item, source) for source, item in loaded]
+    _refuse_duplicates(records, [source for source, _ in loaded])
+    return records
+
+
+def row_key(record: dict[str, Any]) -> str:
+    """What makes two records the same row: everything that was configured, nothing that was measured."""
+    workload = {k: v for k, v in record["workload"].items() if k != "extra"}
+    hardware = {k: record["hardware"][k] for k in ("device", "gpu_count")}
+    return json.dumps([record["kind"], workload, hardware, record["revisions"], record["recompute"]], sort_keys=True)
+
+
+def _refuse_duplicates(records: list[dict[str, Any]], sources: list[str]) -> None:
+    by_id: dict[str, str] = {}
+    by_row: dict[str, str] = {}
+    for record, source in zip(records, sources):
+        if record["id"] in by_id:
+            raise UsageError(f"{source}: duplicated record id {record['id']!r} (also in {by_id[record['id']]})")
+        by_id[record["id"]] = source
+        key = row_key(record)
+        if key in by_row:
+            raise UsageError(f"{source}: duplicated row: same configuration as {by_row[key]}")
+        by_row[key] = source

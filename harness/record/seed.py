@@ -1,0 +1,197 @@
+"""Transcribe the skill card's ``measured_results`` into reference records and goldens.
+
+    python -m harness.record.seed [--card harness/data/reference/card.yaml]
+
+Every number comes from the card; this module only maps the card's field names onto the run record.
+Derived figures the card also states (``*_vs_control_pct``) are not copied: the analysis recomputes
+them, and the tests check it agrees with the card. Output is deterministic (the record date is the
+card's ``validated_on``), so re-running the script on an unchanged card reproduces the committed files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+from harness.record.build import new_record, outcome, parallelism, workload
+from harness.record.golden import golden_filename, golden_from_records, pins_of, write_golden
+from harness.record.io import write_json_atomic
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_CARD = REPO / "harness" / "data" / "reference" / "card.yaml"
+RECORDS_DIR = REPO / "harness" / "data" / "reference"
+GOLDEN_DIR = REPO / "tests" / "golden"
+PROVENANCE_SOURCE = "transcribed from the skill card"
+# Card study -> the harness recipe that reproduces it (harness/data/recipes/), or a descriptive name
+# for a historical study the harness does not rerun.
+STUDY_RECIPES = {
+    "Moonlight 16B": "moonlight-full-8gpu",
+    "Nemotron 3 Nano": "nemotron-3-nano-full-16gpu",
+    "Llama3 70B": "llama3-70b-sft-pr3107",
+}
+# Every study on the card ran through Megatron Bridge recipes (the card is Bridge's skill card).
+BACKEND = "bridge"
+GB = 1e9  # the card's GB are decimal
+
+_PARALLEL_RE = re.compile(r"(TP|PP|CP|EP|DP|VPP)(\d+)")
+_WINDOW_RE = re.compile(r"iterations (\d+)-(\d+)")
+_AFTER_RE = re.compile(r"after iteration (\d+)")
+_WORKLOAD_EXTRA = ("task", "architecture", "execution", "measurement", "golden_tflops")
+
+
+def _parallelism(study: dict[str, Any]) -> dict[str, int | None]:
+    stated = {name.lower(): int(size) for name, size in _PARALLEL_RE.findall(study["parallelism"])}
+    # The card's layout strings omit unused dimensions (size 1); vpp/expert_dp stay null when unstated.
+    return parallelism(
+        tp=stated.get("tp", 1), pp=stated.get("pp", 1), cp=stated.get("cp", 1), ep=stated.get("ep", 1),
+        dp=stated.get("dp", 1), expert_dp=study.get("expert_data_parallel_size"), vpp=stated.get("vpp"),
+    )
+
+
+def _outcome(row: dict[str, Any], study: dict[str, Any]) -> dict[str, Any]:
+    status = row.get("status")
+    if status is None:  # a study whose rows all completed its stated steps (Moonlight)
+        return outcome("completed", iteration=study.get("steps"), message="card: all rows completed")
+    message = f"card status: {status}"
+    if match := re.fullmatch(r"completed_(\d+)_steps", status):
+        return outcome("completed", iteration=int(match[1]), message=message)
+    if match := re.fullmatch(r"OOM_iteration_(\d+)_(\w+)", status):
+        return outcome("oom", iteration=int(match[1]), message=message, site=match[2])
+    if match := re.fullmatch(r"OOM_on_rank(\d+)", status):
+        return outcome("oom", ranks=[int(match[1])], message=message)
+    if status == "perf_regression":  # it measured steady throughput, so the run completed
+        return outcome("completed", message=message)
+    raise UsageError(f"card row {row['name']!r}: unknown status {status!r}; teach harness/record/seed.py its meaning")
+
+
+def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> dict[str, Any]:
+    measurement = study.get("measurement", "")
+    peak_gb, after = row.get("peak_mem_gb"), None
+    for key, value in row.items():
+        if match := re.fullmatch(r"peak_mem_gb_after_iteration_(\d+)", key):
+            peak_gb, after = value, int(match[1])
+    if after is None and peak_gb is not None and (match := _AFTER_RE.search(measurement)):
+        after = int(match[1])
+    window = _WINDOW_RE.search(measurement)
+    sanity = study.get("numerical_sanity", "")
+    # "zero skipped and NaN iterations" is stated for the rows that ran their steps.
+    clean = 0 if status == "completed" and "zero skipped" in sanity else None
+    step_time = row.get("step_time_ms")
+    return {
+        "iterations": [],
+        "ranks": [],
+        "steady_window": {"first": int(window[1]), "last": int(window[2])} if window and step_time is not None else None,
+        "headline": {
+            "peak_allocated_bytes": None if peak_gb is None else round(peak_gb * GB),
+            "peak_reserved_bytes": None,
+            "peak_rank": 0 if "rank-0" in measurement and peak_gb is not None else None,
+            "peak_after_iteration": after,
+            "peak_scope": "rank0" if "rank-0" in measurement else "unreported",
+            "step_time_ms": step_time,
+            "tflops_per_gpu": row.get("tflops_per_gpu", row.get("tflops")),
+        },
+        "skipped_iterations": clean,
+        "nan_iterations": clean,
+    }
+
+
+def _revisions(study: dict[str, Any]) -> dict[str, Any]:
+    pins = study.get("revisions") or {}
+    return {
+        "torch": None,
+        "megatron_core": {"version": None, "commit": pins.get("megatron_core"), "fingerprint": None},
+        "megatron_bridge": {"version": None, "commit": pins["bridge"]} if pins.get("bridge") else None,
+        "transformer_engine": None, "cuda": None, "driver": None, "python": None,
+    }
+
+
+def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -> list[dict[str, Any]]:
+    """One reference record per experiment row of a ``measured_results`` study."""
+    recipe = STUDY_RECIPES.get(study["model"])
+    if recipe is None:
+        raise UsageError(f"card study {study['model']!r} has no recipe name in harness/record/seed.py STUDY_RECIPES")
+    extra = {key: str(study[key]).strip() for key in _WORKLOAD_EXTRA if key in study}
+    records = []
+    for row in study["experiments"]:
+        row_outcome = _outcome(row, study)
+        notes = study.get("comparison_limitations")
+        records.append(new_record(
+            "reference",
+            record_id=f"reference/{recipe}/{row['name']}",
+            created=validated_on,
+            revisions=_revisions(study),
+            hardware={"device": study["gpu"], "gpu_count": study["gpus"], "sm": None, "host": None},
+            workload=workload(
+                recipe=recipe, model=study["model"], backend=BACKEND, seq_length=study["seq_length"],
+                micro_batch_size=study["mbs"], global_batch_size=study["gbs"], precision=study["precision"],
+                attention_backend=None, train_iters=study.get("steps"), parallelism=_parallelism(study),
+                extra=extra,
+            ),
+            recompute=RecomputeFields.selective(*row["recompute_modules"]),
+            metrics=_metrics(row, study, row_outcome["status"]),
+            outcome=row_outcome,
+            provenance={
+                "source": PROVENANCE_SOURCE, "card": card_path, "study": study["model"], "row": row["name"],
+                "date": validated_on, "notes": None if notes is None else " ".join(notes.split()),
+            },
+        ))
+    return records
+
+
+def transcribe(card_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """``{recipe: [reference records]}`` for every study in the card's ``measured_results``."""
+    try:
+        card = yaml.safe_load(Path(card_path).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise UsageError(f"{card_path}: cannot read the skill card: {exc}") from None
+    shown = card_path.relative_to(REPO) if card_path.is_relative_to(REPO) else card_path
+    validated_on = str(card["validated_on"])
+    return {
+        STUDY_RECIPES[study["model"]]: transcribe_study(study, str(shown), validated_on)
+        for study in card["measured_results"]
+    }
+
+
+def write_seed(card_path: Path, records_dir: Path, golden_dir: Path) -> list[Path]:
+    """Write one reference-record file per study, and a golden per study that names its revisions."""
+    written = []
+    for recipe, records in transcribe(card_path).items():
+        path = records_dir / f"seed-{recipe}.json"
+        write_json_atomic(path, records)
+        written.append(path)
+        if pins_of(records[0])["megatron_core"]["commit"] is None:
+            continue  # no revision on the card (historical Llama rows): records only, never a golden
+        first = records[0]
+        golden = golden_from_records(records, provenance={
+            "source": PROVENANCE_SOURCE,
+            "command": "python -m harness.record.seed",
+            "host": None,
+            "date": first["created"],
+            "gpu": f"{first['hardware']['gpu_count']}x {first['hardware']['device']}",
+            "driver": None,
+        })
+        path = golden_dir / golden_filename(recipe, first["hardware"], pins_of(first))
+        write_golden(path, golden)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--card", type=Path, default=DEFAULT_CARD)
+    parser.add_argument("--records-dir", type=Path, default=RECORDS_DIR)
+    parser.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR)
+    args = parser.parse_args(argv)
+    for path in write_seed(args.card.resolve(), args.records_dir, args.golden_dir):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

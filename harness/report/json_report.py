@@ -1,0 +1,30 @@
+"""Machine-readable reports: the same content as the markdown tables, as JSON (never NaN)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from harness.compare.analysis import Analysis
+from harness.compare.comparator import Comparison
+from harness.compare.selection import Selection
+
+
+def comparison_json(comparison: Comparison) -> dict[str, Any]:
+    return {"golden": comparison.golden_path, "recipe": comparison.recipe, "passed": comparison.passed,
+            "checks": [asdict(check) for check in comparison.checks]}
+
+
+def analysis_json(analysis: Analysis) -> dict[str, Any]:
+    return analysis.as_dict()
+
+
+def selection_json(selection: Selection) -> dict[str, Any]:
+    data = asdict(selection)
+    data["considered"] = [{"label": label, "reason": reason} for label, reason in selection.considered]
+    return data
+
+
+def dumps(data: Any) -> str:
+    return json.dumps(data, indent=2, allow_nan=False)

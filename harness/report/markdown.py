@@ -1,0 +1,89 @@
+"""Markdown tables for comparisons, analyses, selections and golden refresh diffs.
+
+``emit`` prints to the terminal and, in GitHub Actions, appends the same text to the job summary.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from harness.compare.analysis import Analysis
+from harness.compare.comparator import Comparison
+from harness.compare.selection import Selection
+
+GB = 1e9
+
+
+def emit(markdown: str) -> None:
+    """Print ``markdown``; append it to ``$GITHUB_STEP_SUMMARY`` when that is set."""
+    print(markdown)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as handle:
+            handle.write(markdown + "\n\n")
+
+
+def format_value(metric: str, value: Any) -> str:
+    """Bytes as decimal GB (as the skill card writes them), floats to 2 decimals, null as a dash."""
+    if value is None:
+        return "–"
+    if metric.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{value / GB:.3f} GB"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value)
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.2f}%"
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def comparison_markdown(comparison: Comparison) -> str:
+    verdict = "PASS" if comparison.passed else f"FAIL ({len(comparison.failures)} check(s))"
+    rows = [
+        (c.label, c.metric, format_value(c.metric, c.golden), format_value(c.metric, c.actual),
+         _pct(c.delta_pct), c.tolerance, c.verdict)
+        for c in comparison.checks
+    ]
+    return (f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
+            + table(("row", "metric", "golden", "actual", "Δ%", "tolerance", "verdict"), rows))
+
+
+def analysis_markdown(analysis: Analysis) -> str:
+    rows = [
+        (r.label, r.verdict + (f" #{r.rank}" if r.rank else ""), r.stage,
+         "–" if r.peak_allocated_gb is None else f"{r.peak_allocated_gb:.3f}",
+         "–" if r.peak_after_iteration is None else str(r.peak_after_iteration),
+         "–" if r.peak_reserved_gb is None else f"{r.peak_reserved_gb:.3f}",
+         format_value("step_time_ms", r.step_time_ms), format_value("tflops_per_gpu", r.tflops_per_gpu),
+         _pct(r.allocated_vs_control_pct), _pct(r.time_vs_control_pct), r.note)
+        for r in analysis.rows
+    ]
+    header = ("recompute", "verdict", "outcome", "peak allocated (GB)", "after it.", "peak reserved (GB)",
+              "step time (ms)", "TFLOP/s/GPU", "allocated vs []", "time vs []", "note")
+    conclusions = "\n".join(f"- {line}" for line in analysis.conclusions)
+    return f"### Recompute analysis: {analysis.model} ({analysis.recipe})\n\n{table(header, rows)}\n\n{conclusions}"
+
+
+def selection_markdown(selection: Selection) -> str:
+    if selection.chosen is None:
+        head = f"No measured row completes under {selection.target_gb:g} GB."
+    else:
+        head = (f"Selected `{selection.chosen}`: {selection.peak_allocated_gb:.3f} GB allocated, "
+                f"{selection.step_time_ms:.2f} ms/step (target {selection.target_gb:g} GB).")
+    return head + "\n\n" + table(("recompute", "why not chosen"), selection.considered)
+
+
+def refresh_markdown(path: str, diff: Sequence[tuple[str, str, Any, Any, float | None]], previous: str | None) -> str:
+    """The diff for a Megatron Core bump's pull request: per row and metric, old → new, Δ%."""
+    base = f"previous golden: `{previous}`" if previous else "no previous golden for this recipe and hardware"
+    rows = [(label, metric, format_value(metric, old), format_value(metric, new), _pct(delta))
+            for label, metric, old, new, delta in diff]
+    return f"### Golden refresh: `{path}`\n\n{base}\n\n" + table(("row", "metric", "old", "new", "Δ%"), rows)

@@ -1,0 +1,90 @@
+"""A row's run record, assembled by the runner from the ranks' evidence (never by a rank itself).
+
+A rank that dies cannot write its record, so the runner writes every record — completed or not —
+through ``harness.record``'s constructors. Per iteration: the slowest rank's step time, rank 0's
+loss (already the world mean), NaN/skipped if any rank says so. Per rank: the allocator peaks read
+after each iteration's optimizer step. On CPU there is no caching allocator, so no rank reports a
+peak; the record then carries no per-rank peaks (``peak_scope: unreported``) and says why in
+``workload.extra.device_memory``.
+"""
+
+from __future__ import annotations
+
+import re
+from statistics import fmean
+from typing import Any
+
+from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
+from harness.run.classify import Outcome
+from harness.run.events import RankEvidence
+from harness.run.recipes import Recipe, parse_row
+
+CPU_MEMORY_NOTE = "not measured: CPU tensors have no caching-allocator peak (torch.cuda.max_memory_* is CUDA-only)"
+
+
+def device_profile(name: str | None) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100_80GB``; ``NVIDIA H200`` -> ``H200``; no GPU -> ``cpu``."""
+    if not name:
+        return "cpu"
+    model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", name)
+    memory = re.search(r"\b(\d+)\s*GB\b", name)
+    if model is None:
+        return re.sub(r"\W+", "_", name).strip("_")
+    return f"{model.group(1)}_{memory.group(1)}GB" if memory else model.group(1)
+
+
+def _iterations(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
+    by_iteration: dict[int, list[dict[str, Any]]] = {}
+    for rank in ranks:
+        for event in rank.iterations:
+            by_iteration.setdefault(event["iteration"], []).append({**event, "rank": rank.rank})
+    rows = []
+    for iteration, events in sorted(by_iteration.items()):
+        times = [e["step_time_ms"] for e in events if e.get("step_time_ms") is not None]
+        flops = [e["tflops_per_gpu"] for e in events if e.get("tflops_per_gpu") is not None]
+        lead = min(events, key=lambda e: e["rank"])
+        loss = float("nan") if any(e.get("nan") for e in events) else lead.get("loss")
+        rows.append(iteration_row(
+            iteration, step_time_ms=max(times) if times else None, loss=loss,
+            tflops_per_gpu=fmean(flops) if flops else None, skipped=any(e.get("skipped") for e in events),
+        ))
+    return rows
+
+
+def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
+    result = []
+    for rank in ranks:
+        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"))
+                 for e in rank.iterations if e.get("allocated_bytes") is not None}
+        if peaks:
+            result.append(rank_peaks(rank.rank, peaks))
+    return result
+
+
+def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Outcome, *,
+                 revisions: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+    started = next((rank for rank in ranks if rank.started), None)
+    device_name = started.device_name if started is not None else None
+    on_gpu = recipe.device == "cuda"
+    extra = {"nnodes": str(recipe.nnodes), "nproc_per_node": str(recipe.nproc_per_node),
+             "expert_tp": str(recipe.parallelism.expert_tp), "launcher": "torchrun"}
+    if not on_gpu:
+        extra["device_memory"] = CPU_MEMORY_NOTE
+    return new_record(
+        "run",
+        workload=workload(
+            recipe=recipe.name, model=recipe.model, backend=recipe.backend, seq_length=recipe.seq_length,
+            micro_batch_size=recipe.micro_batch_size, global_batch_size=recipe.global_batch_size,
+            precision=recipe.precision, attention_backend=recipe.attention_backend,
+            train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_dict(recipe.world_size),
+            extra=extra,
+        ),
+        hardware=hardware(device_profile(device_name) if on_gpu else "cpu",
+                          recipe.world_size if on_gpu else 0,
+                          sm=started.sm if started is not None and on_gpu else None),
+        recompute=parse_row(row),
+        metrics=run_metrics(_iterations(ranks), _rank_peaks(ranks), recipe.steady_window),
+        outcome=outcome.as_record(),
+        revisions=revisions,
+        provenance=provenance,
+    )

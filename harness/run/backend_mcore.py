@@ -1,0 +1,134 @@
+"""The ``mcore`` back end: a minimal Megatron Core training loop around a style model.
+
+Real MCore parallel state and a real MCore ``GPTModel`` (``harness.cpu.models``) with the row's
+recompute fields; mock batches; ``torch.optim.AdamW``; gradients all-reduced the way MCore's DDP
+groups them (dense parameters over data parallel, expert parameters — ``param.allreduce is False`` —
+over expert data parallel). On CUDA it runs MCore unmodified (NCCL); on CPU under the CPU adapter
+(gloo). The loop covers data and expert parallelism only (recipes with TP/PP/CP > 1 use ``bridge``).
+
+Per iteration: ``forward`` (per micro-batch, including the world all-reduce of the loss that every
+rank checks for NaN together, so a NaN stops all ranks at the same step instead of hanging one),
+``backward``, ``grad-sync``, then ``optimizer-init`` on iteration 1 (the optimizer is built and its
+state allocated by its first step) or ``optimizer-step`` afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+from harness.cpu.models import build_model
+from harness.run.instrument import Instrument, NonFiniteLoss
+from harness.run.recipes import Parallelism, parse_row
+
+SEED = 1234
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
+    if device == "cpu":
+        from harness.cpu.adapter import ParallelLayout, init_cpu_parallel_state
+
+        init_cpu_parallel_state(ParallelLayout(tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp),
+                                seed=SEED, timeout_s=timeout_s)
+        return
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
+    )
+    torch.manual_seed(SEED)
+    model_parallel_cuda_manual_seed(SEED)
+
+
+def _grad_groups(module: torch.nn.Module) -> list[tuple[Any, list[torch.Tensor]]]:
+    """(process group, gradients) as MCore's DDP reduces them: dense over DP, experts over expert DP."""
+    dense = [p.grad for p in module.parameters() if p.grad is not None and getattr(p, "allreduce", True)]
+    expert = [p.grad for p in module.parameters() if p.grad is not None and not getattr(p, "allreduce", True)]
+    return [
+        (parallel_state.get_data_parallel_group(with_context_parallel=True), dense),
+        (parallel_state.get_expert_data_parallel_group(), expert),
+    ]
+
+
+def _all_reduce_mean(group: Any, grads: list[torch.Tensor]) -> None:
+    size = dist.get_world_size(group)
+    if size == 1 or not grads:
+        return
+    flat = torch._utils._flatten_dense_tensors(grads)
+    dist.all_reduce(flat, group=group)
+    flat /= size
+    for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+        grad.copy_(synced)
+
+
+def _reduced_loss(local: torch.Tensor, iteration: int) -> float:
+    """World mean of the micro-batch loss; NaN anywhere raises NonFiniteLoss on every rank at once."""
+    reduced = local.detach().float().clone()
+    dist.all_reduce(reduced)
+    value = reduced.item() / dist.get_world_size()
+    if not math.isfinite(value):
+        raise NonFiniteLoss(iteration, value, local.item())
+    return value
+
+
+def train(spec: dict[str, Any], instrument: Instrument) -> None:
+    recipe = spec["recipe"]
+    options = recipe["backend_options"]
+    fields = parse_row(spec["row"])
+    device = recipe["device"]
+    layout = Parallelism(**recipe["parallelism"])
+    world = recipe["nnodes"] * recipe["nproc_per_node"]
+    dp = layout.data_parallel(world)
+    micro_batches = recipe["global_batch_size"] // (recipe["micro_batch_size"] * dp)
+    dtype = _DTYPES[recipe["precision"]]
+
+    with instrument.phase(0, "model-build"):
+        _init_parallel(layout, device, float(recipe["stall_timeout_s"]))
+        model = build_model(
+            recipe["model"], fields, seq_length=recipe["seq_length"],
+            micro_batch_size=recipe["micro_batch_size"], dtype=dtype, device=device, seed=SEED,
+            expert_model_parallel_size=layout.ep, **options.get("config", {}),
+        )
+        model.module.train()
+
+    optimizer: torch.optim.Optimizer | None = None
+    rank = dist.get_rank()
+    for iteration in range(1, recipe["train_iters"] + 1):
+        started = time.perf_counter()
+        losses = []
+        for micro in range(micro_batches):
+            with instrument.phase(iteration, "forward"):
+                batch = model.batch(seed=SEED + iteration * 1000 + micro * 10 + rank)
+                loss = instrument.loss(model.loss(batch), iteration)
+                losses.append(_reduced_loss(loss, iteration))
+            with instrument.phase(iteration, "backward"):
+                (loss / micro_batches).backward()
+        with instrument.phase(iteration, "grad-sync"):
+            for group, grads in _grad_groups(model.module):
+                _all_reduce_mean(group, grads)
+        if optimizer is None:
+            with instrument.phase(iteration, "optimizer-init"):
+                optimizer = torch.optim.AdamW(model.module.parameters(), lr=float(options.get("lr", 1e-4)))
+                optimizer.step()
+        else:
+            with instrument.phase(iteration, "optimizer-step"):
+                optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        step_time_ms = (time.perf_counter() - started) * 1000.0
+        instrument.iteration_end(iteration, loss=sum(losses) / len(losses), step_time_ms=step_time_ms)
+
+    dist.barrier()
+    dist.destroy_process_group()

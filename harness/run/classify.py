@@ -1,0 +1,172 @@
+"""How a row ended, decided from per-rank evidence only.
+
+Order of evidence: a row the runner had to stop (timeout, or no rank reporting for the stall
+timeout) is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise the root error
+decides: the ranks' error lines (written by the worker with the phase it was in), falling back to
+torchrun's per-rank ``error.json`` files. A peer's loss ("connection closed", "communicator aborted")
+is a consequence, never the root, when another rank reports its own error. The root error's kind:
+an out-of-memory message -> ``oom``; a non-finite loss -> ``nan``; anything else -> ``crash``. A run
+that exits cleanly with every iteration reported on every rank is ``completed``.
+
+Against the matched control: a failed row that got further than a failed ``[]`` control is
+``advanced-but-failed`` — the skill's "later failure is misclassified as success" guard.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.record.schema import PHASES
+from harness.run.events import RankEvidence
+from harness.run.launch import TORCHRUN_DIR, LaunchResult
+
+OOM_MARKERS = ("out of memory", "outofmemoryerror", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
+PEER_LOSS_MARKERS = (
+    "connection closed by peer", "connection reset by peer", "broken pipe", "communicator was aborted",
+    "nccl communicator", "socket timeout", "watchdog", "terminated with signal",
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: str
+    iteration: int | None
+    phase: str | None
+    ranks: tuple[int, ...]
+    message: str
+
+    @property
+    def position(self) -> tuple[int, int] | None:
+        if self.iteration is None:
+            return None
+        return self.iteration, -1 if self.phase is None else PHASES.index(self.phase)
+
+    def as_record(self) -> dict[str, Any]:
+        from harness.record.build import outcome
+
+        return outcome(self.status, iteration=self.iteration, phase=self.phase, ranks=self.ranks,
+                       message=self.message)
+
+
+def error_kind(type_name: str | None, message: str) -> str:
+    text = f"{type_name or ''}: {message}".lower()
+    if any(marker in text for marker in OOM_MARKERS):
+        return "oom"
+    if type_name in ("NonFiniteLoss", "FloatingPointError") or "non-finite loss" in text:
+        return "nan"
+    return "crash"
+
+
+def _is_peer_loss(message: str) -> bool:
+    text = message.lower()
+    return any(marker in text for marker in PEER_LOSS_MARKERS)
+
+
+def torchrun_errors(row_dir: Path) -> list[dict[str, Any]]:
+    """torchrun's per-rank reply files (written by ``@record``): type, message, timestamp."""
+    found = []
+    for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("error.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        message = data.get("message", {})
+        if isinstance(message, dict):
+            text = str(message.get("message", ""))
+            timestamp = (message.get("extraInfo") or {}).get("timestamp")
+        else:
+            text, timestamp = str(message), None
+        found.append({"path": str(path), "message": text, "t": float(timestamp or 0)})
+    return found
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0][:400] if message.strip() else ""
+
+
+def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: int, row_dir: Path,
+             stall_timeout_s: float, timeout_s: float) -> Outcome:
+    if launch.stopped is not None:
+        return _hang(ranks, launch, stall_timeout_s, timeout_s)
+    errors = [(rank.rank, error) for rank in ranks for error in rank.errors]
+    if errors:
+        return _from_error_events(errors)
+    unfinished = [rank for rank in ranks if not rank.done]
+    if not launch.succeeded or unfinished:
+        return _from_torchrun(ranks, unfinished, launch, row_dir)
+    short = [rank.rank for rank in ranks if len(rank.iterations) < train_iters]
+    if short:
+        return Outcome("crash", None, None, tuple(short),
+                       f"rank(s) {short} finished without reporting all {train_iters} iterations")
+    nan = [rank.rank for rank in ranks if any(it.get("nan") for it in rank.iterations)]
+    if nan:
+        return Outcome("nan", None, None, tuple(nan), "non-finite loss reported")
+    return Outcome("completed", train_iters, None, (), f"completed {train_iters} iterations on {len(ranks)} ranks")
+
+
+def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEvidence]]:
+    lowest = min(rank.position for rank in ranks)
+    return lowest, [rank for rank in ranks if rank.position == lowest]
+
+
+def _hang(ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float) -> Outcome:
+    waiting = [rank for rank in ranks if not rank.done] or ranks
+    _, stuck = _behind(waiting)
+    first = stuck[0]
+    why = (f"no rank reported progress for {stall_timeout_s:g} s" if launch.stopped == "stall"
+           else f"still running after the {timeout_s:g} s timeout")
+    where = f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
+    return Outcome(
+        "hang", first.iteration if first.phase else None, first.phase, tuple(rank.rank for rank in stuck),
+        f"{why}; rank(s) {[rank.rank for rank in stuck]} stopped at {where}; process group killed",
+    )
+
+
+def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Outcome:
+    own = [(rank, error) for rank, error in errors if not _is_peer_loss(error.get("message", ""))]
+    candidates = own or errors
+    root_rank, root = min(candidates, key=lambda item: item[1].get("t", 0.0))
+    kind = error_kind(root.get("type"), root.get("message", ""))
+    same = sorted({rank for rank, error in candidates if error_kind(error.get("type"), error.get("message", "")) == kind})
+    if kind == "nan":
+        # Every rank stops on the reduced loss; the ranks whose own loss was non-finite are the origin.
+        origin = [(rank, error) for rank, error in candidates if error.get("local_loss_finite") is False]
+        if origin:
+            root_rank, root = min(origin, key=lambda item: item[1].get("t", 0.0))
+            same = sorted({rank for rank, _ in origin})
+    message = f"{root.get('type')}: {_first_line(root.get('message', ''))} (rank {root_rank})"
+    return Outcome(kind, root.get("iteration"), root.get("phase"), tuple(same), message)
+
+
+def _from_torchrun(ranks: list[RankEvidence], unfinished: list[RankEvidence], launch: LaunchResult,
+                   row_dir: Path) -> Outcome:
+    """No rank wrote an error line (killed by a signal, died in an import): use torchrun's files."""
+    files = torchrun_errors(row_dir)
+    own = [item for item in files if not _is_peer_loss(item["message"])] or files
+    behind = unfinished or ranks
+    (iteration, phase_index), stuck = _behind(behind)
+    phase = PHASES[phase_index] if phase_index >= 0 else None
+    if own:
+        root = min(own, key=lambda item: item["t"])
+        kind = error_kind(None, root["message"])
+        message = f"{_first_line(root['message'])} (torchrun error file {Path(root['path']).parent.name})"
+    else:
+        kind = "crash"
+        message = f"torchrun exit codes {launch.returncodes}; rank(s) {[r.rank for r in stuck]} exited without an error report"
+    return Outcome(kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message)
+
+
+def against_control(row: Outcome, control: Outcome | None) -> Outcome:
+    """A failed row that got further than a failed control is ``advanced-but-failed``, not a pass."""
+    if control is None or row.status == "completed" or control.status == "completed":
+        return row
+    if row.position is None or control.position is None or row.position <= control.position:
+        return row
+    return Outcome(
+        "advanced-but-failed", row.iteration, row.phase, row.ranks,
+        f"{row.status}: {row.message}; got further than the [] control "
+        f"({control.status} at iteration {control.iteration} {control.phase})",
+    )

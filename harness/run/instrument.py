@@ -1,0 +1,86 @@
+"""Worker-side instrumentation shared by both back ends: phases, per-iteration peaks, errors, faults.
+
+Per iteration it costs one flushed JSON line per phase plus one for the iteration, and two reads of
+the CUDA caching allocator's counters (``max_memory_allocated``/``max_memory_reserved``, host-side, no
+device sync). Phases are marked on the host; an OOM is raised on the host by the allocating call,
+so the phase it is reported in is the one that allocated. On CPU there is no caching allocator and
+so no allocator peak: peaks are reported as ``None`` and the record says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from harness.run.events import EventWriter
+from harness.run.faults import Fault, fault_from_env
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The world-reduced loss is NaN/inf; ``local_finite`` says whether this rank's own loss was."""
+
+    def __init__(self, iteration: int, reduced: float, local: float) -> None:
+        super().__init__(f"non-finite loss at iteration {iteration}: reduced {reduced}, this rank {local}")
+        self.local_finite = math.isfinite(local)
+
+
+class Instrument:
+    def __init__(self, row_dir: Path, rank: int, device: str, fault: Fault | None = None) -> None:
+        self.rank = rank
+        self.device = device
+        self.fault = fault if fault is not None else fault_from_env()
+        self.events = EventWriter(row_dir, rank)
+        self.iteration = 0
+        self.phase_name: str | None = None
+
+    def started(self, world_size: int) -> None:
+        device_name = sm = None
+        if self.device == "cuda":
+            import torch
+
+            properties = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
+            device_name, sm = properties.name, f"{properties.major}.{properties.minor}"
+        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(), device=self.device,
+                         device_name=device_name, sm=sm)
+
+    @contextlib.contextmanager
+    def phase(self, iteration: int, name: str) -> Iterator[None]:
+        self.iteration, self.phase_name = iteration, name
+        self.events.emit("phase", iteration=iteration, phase=name)
+        if self.fault is not None:
+            self.fault.at_phase_start(iteration, name, self.rank)
+        yield
+
+    def loss(self, loss: Any, iteration: int) -> Any:
+        """The fault hook's chance to poison this rank's loss (identity unless a nan fault is set)."""
+        return loss if self.fault is None else self.fault.poison_loss(loss, iteration, self.rank)
+
+    def memory_peaks(self) -> tuple[int | None, int | None]:
+        if self.device != "cuda":
+            return None, None
+        import torch
+
+        return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+
+    def iteration_end(self, iteration: int, *, loss: float | None, step_time_ms: float | None,
+                      skipped: bool = False, tflops_per_gpu: float | None = None) -> None:
+        allocated, reserved = self.memory_peaks()
+        self.events.emit(
+            "iteration", iteration=iteration, loss=loss, step_time_ms=step_time_ms, skipped=skipped,
+            allocated_bytes=allocated, reserved_bytes=reserved, tflops_per_gpu=tflops_per_gpu,
+            nan=loss is not None and not math.isfinite(loss),
+        )
+
+    def failed(self, exc: BaseException) -> None:
+        self.events.emit(
+            "error", iteration=self.iteration, phase=self.phase_name, type=type(exc).__name__,
+            message=str(exc)[:2000], local_loss_finite=getattr(exc, "local_finite", None),
+        )
+
+    def finished(self) -> None:
+        self.events.emit("done")
+        self.events.close()

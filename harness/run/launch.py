@@ -1,0 +1,180 @@
+"""One torchrun job per row: build the ``torch.distributed.run`` command, run it, stop it when it hangs.
+
+torchrun is started as a subprocess in a session (process group) of its own, with every rank's
+stdout/stderr and its ``error.json`` (``TORCHELASTIC_ERROR_FILE``) under ``ROW_DIR/torchrun/``. A row
+is stopped when it runs past its timeout, or when, after every rank has started reporting, no rank
+has reported anything for the stall timeout (a hung rank leaves the others blocked in a collective: that is a hang, not a slow step).
+Stopping sends SIGTERM to torchrun's group (torchrun then terminates its workers), then SIGKILL; as a
+last resort every process that still carries this row's job token in its environment is killed by
+pid. Several "nodes" on one host (a multi-node rendezvous on localhost) are several torchrun
+processes joined by a c10d rendezvous on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.run.events import RankEvidence, latest_activity, read_row
+
+JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
+TORCHRUN_DIR = "torchrun"
+POLL_S = 0.5
+TERM_GRACE_S = 10.0
+
+
+@dataclass
+class LaunchResult:
+    returncodes: list[int | None]
+    elapsed_s: float
+    token: str  # the job token every process of the row carries (see processes_with_token)
+    stopped: str | None = None  # "timeout" | "stall" | None
+    killed_leftovers: list[int] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.stopped is None and all(code == 0 for code in self.returncodes)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _torchrun_args(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str) -> list[str]:
+    return [
+        "-m", "torch.distributed.run",
+        "--nnodes", str(nnodes),
+        "--nproc-per-node", str(nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", endpoint,
+        "--rdzv-id", rdzv_id,
+        "--max-restarts", "0",
+        "--redirects", "3",
+    ]
+
+
+def local_commands(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str,
+                   python: str = sys.executable) -> list[list[str]]:
+    """One torchrun per node, all on this host (c10d rendezvous on 127.0.0.1; node 0 hosts the store)."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    return [
+        [python, *_torchrun_args(nnodes, nproc_per_node, endpoint, rdzv_id),
+         "--node-rank", str(node), "--rdzv-conf", f"is_host={str(node == 0).lower()}",
+         "--log-dir", str(Path(row_dir) / TORCHRUN_DIR / f"node{node}"),
+         "-m", "harness.run.worker", str(row_dir)]
+        for node in range(nnodes)
+    ]
+
+
+def slurm_command(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str, head: str, port: int,
+                  python: str = "python") -> list[str]:
+    """One ``srun`` step, one task per node, each running torchrun; the c10d store lives on ``head``."""
+    torchrun = " ".join([
+        python, *_torchrun_args(nnodes, nproc_per_node, f"{head}:{port}", rdzv_id),
+        "--log-dir", f"{row_dir}/{TORCHRUN_DIR}/node$SLURM_NODEID",
+        "-m", "harness.run.worker", str(row_dir),
+    ])
+    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL",
+            "bash", "-c", f"exec {torchrun}"]
+
+
+def processes_with_token(token: str) -> list[int]:
+    """Pids of this user's processes whose environment carries ``token`` (Linux /proc)."""
+    needle = f"{JOB_TOKEN_ENV}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid == os.getuid() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop(procs: list[subprocess.Popen], token: str) -> list[int]:
+    for proc in procs:
+        _signal_group(proc, signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
+        time.sleep(0.1)
+    for proc in procs:
+        if proc.poll() is None:
+            _signal_group(proc, signal.SIGKILL)
+        proc.wait()
+    return _sweep(token)
+
+
+def _sweep(token: str) -> list[int]:
+    """Workers run in sessions of their own: kill, by pid, any that outlived torchrun."""
+    leftovers = processes_with_token(token)
+    for pid in leftovers:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return leftovers
+
+
+def run_row(
+    row_dir: Path,
+    commands: list[list[str]],
+    *,
+    world_size: int,
+    timeout_s: float,
+    stall_timeout_s: float,
+    env: dict[str, str] | None = None,
+    on_poll: Callable[[list[RankEvidence], float], None] | None = None,
+) -> LaunchResult:
+    """Start each command (a torchrun, or an srun of torchruns) in its own session, watch the ranks'
+    evidence, and stop the job on timeout or stall."""
+    row_dir = Path(row_dir)
+    token = uuid.uuid4().hex
+    child_env = {**os.environ, **(env or {}), JOB_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    wall_start = time.time()
+    procs = []
+    for index, command in enumerate(commands):
+        with open(row_dir / f"launcher{index}.log", "w", encoding="utf-8") as log:
+            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
+                                          start_new_session=True))
+    stopped = None
+    try:
+        while any(proc.poll() is None for proc in procs):
+            time.sleep(POLL_S)
+            elapsed = time.monotonic() - started
+            ranks = read_row(row_dir, world_size)
+            if on_poll is not None:
+                on_poll(ranks, elapsed)
+            # The stall clock runs once every rank has reported (imports and rendezvous before
+            # that are bounded by the row timeout and torchrun's own join timeout).
+            watching = all(rank.started for rank in ranks)
+            if elapsed > timeout_s:
+                stopped = "timeout"
+            elif watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s:
+                stopped = "stall"
+            if stopped:
+                break
+    except BaseException:
+        _stop(procs, token)
+        raise
+    killed = _stop(procs, token) if stopped else _sweep(token)
+    return LaunchResult([proc.returncode for proc in procs], time.monotonic() - started, token, stopped, killed)

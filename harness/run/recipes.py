@@ -1,0 +1,283 @@
+"""Recipes: the workloads a sweep runs, kept as TOML data under ``harness/data/recipes/``.
+
+A recipe names a back end (``bridge`` or ``mcore``), a model, the device and world shape, the
+parallel layout, batch and sequence sizes, the iteration count and steady window, and the rows to
+sweep (row names as ``RecomputeFields.name`` spells them: ``[]``, ``moe_act``, ``layernorm+moe_act``,
+``full-uniform-1``). A recipe may start from another with ``base = "name"`` (tables merge, values
+replace). Everything a user can get wrong is refused here, on one line, before anything launches.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+
+BACKENDS = ("bridge", "mcore")
+DEVICES = ("cuda", "cpu")
+PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
+CONTROL_ROW = "[]"
+
+_REQUIRED = (
+    "description", "backend", "model", "device", "nnodes", "nproc_per_node", "seq_length",
+    "micro_batch_size", "global_batch_size", "train_iters", "precision", "attention_backend",
+    "steady_window", "rows",
+)
+_OPTIONAL = (
+    "base", "hardware", "requires", "timeout_s", "stall_timeout_s", "parallelism", "bridge", "mcore",
+)
+_INSTALL_HINT = {
+    "megatron.bridge": "pip install 'recompute-harness[bridge]' on a CUDA machine with Transformer Engine",
+    "transformer_engine": "Transformer Engine must be built against the machine's CUDA",
+    "mamba_ssm": "pip install mamba-ssm (CUDA build)",
+}
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """MCore's parallel sizes; ``etp`` (expert tensor parallel) defaults to ``tp`` as in MCore."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int | None = None
+    vpp: int | None = None
+
+    @property
+    def expert_tp(self) -> int:
+        return self.tp if self.etp is None else self.etp
+
+    def data_parallel(self, world: int) -> int:
+        return world // (self.tp * self.pp * self.cp)
+
+    def expert_data_parallel(self, world: int) -> int:
+        return world // (self.expert_tp * self.ep * self.pp)
+
+    def record_dict(self, world: int) -> dict[str, int | None]:
+        """The record's ``workload.parallelism`` (dp and expert_dp derived from the world size)."""
+        return {
+            "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "dp": self.data_parallel(world),
+            "expert_dp": self.expert_data_parallel(world), "vpp": self.vpp,
+        }
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    backend: str
+    model: str
+    device: str
+    nnodes: int
+    nproc_per_node: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    train_iters: int
+    precision: str
+    attention_backend: str
+    steady_window: tuple[int, int]
+    rows: tuple[str, ...]
+    parallelism: Parallelism
+    hardware: str | None = None
+    requires: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    stall_timeout_s: float = 300.0
+    backend_options: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data for the row spec a worker reads (the worker never re-reads TOML)."""
+        return {
+            "name": self.name, "description": self.description, "backend": self.backend, "model": self.model,
+            "device": self.device, "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
+            "seq_length": self.seq_length, "micro_batch_size": self.micro_batch_size,
+            "global_batch_size": self.global_batch_size, "train_iters": self.train_iters,
+            "precision": self.precision, "attention_backend": self.attention_backend,
+            "steady_window": list(self.steady_window), "rows": list(self.rows),
+            "parallelism": {k: getattr(self.parallelism, k) for k in PARALLEL_KEYS},
+            "hardware": self.hardware, "requires": list(self.requires), "timeout_s": self.timeout_s,
+            "stall_timeout_s": self.stall_timeout_s, "backend_options": self.backend_options,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
+        values = dict(data)
+        values["steady_window"] = tuple(values["steady_window"])
+        values["rows"] = tuple(values["rows"])
+        values["requires"] = tuple(values["requires"])
+        values["parallelism"] = Parallelism(**values["parallelism"])
+        return cls(**values)
+
+
+def recipe_names() -> list[str]:
+    folder = resources.files("harness").joinpath("data", "recipes")
+    return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml"))
+
+
+def _raw(name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
+    if name in chain:
+        raise UsageError(f"recipe {chain[0]!r}: circular base chain {' -> '.join((*chain, name))}")
+    names = recipe_names()
+    if name not in names:
+        raise UsageError(f"unknown recipe {name!r} (known: {', '.join(names)})")
+    text = resources.files("harness").joinpath("data", "recipes", f"{name}.toml").read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"recipe {name!r}: malformed TOML: {exc}") from None
+    base = data.pop("base", None)
+    return _merge(_raw(base, (*chain, name)), data) if base else data
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_row(name: str) -> RecomputeFields:
+    """``[]`` -> selective control; ``a+b`` -> selective a, b; ``full-<method>-<n>`` -> full recompute."""
+    if name == CONTROL_ROW:
+        return RecomputeFields.selective()
+    if name.startswith("full-"):
+        method, _, count = name[len("full-"):].rpartition("-")
+        if not method or not count.isdigit():
+            raise UsageError(f"row {name!r}: full rows are spelled full-<method>-<layers>, e.g. full-uniform-1")
+        return RecomputeFields.full(method=method, num_layers=int(count))
+    labels = name.split("+")
+    if not all(label.strip() and label == label.strip() for label in labels):
+        raise UsageError(f"row {name!r}: expected [] or labels joined by '+', e.g. layernorm+moe_act")
+    return RecomputeFields.selective(*labels)
+
+
+def load_recipe(name: str) -> Recipe:
+    """Load, merge and check one recipe (layout arithmetic included; packages are checked at launch)."""
+    data = _raw(name)
+    missing = [key for key in _REQUIRED if key not in data]
+    if missing:
+        raise UsageError(f"recipe {name!r}: missing {', '.join(missing)}")
+    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise UsageError(f"recipe {name!r}: unknown key(s) {', '.join(unknown)}")
+    if data["backend"] not in BACKENDS:
+        raise UsageError(f"recipe {name!r}: backend {data['backend']!r} is not one of {', '.join(BACKENDS)}")
+    if data["device"] not in DEVICES:
+        raise UsageError(f"recipe {name!r}: device {data['device']!r} is not one of {', '.join(DEVICES)}")
+    layout = dict(data.get("parallelism", {}))
+    unknown_layout = sorted(set(layout) - set(PARALLEL_KEYS))
+    if unknown_layout:
+        raise UsageError(f"recipe {name!r}: unknown parallelism key(s) {', '.join(unknown_layout)}")
+    window = data["steady_window"]
+    if not (isinstance(window, list) and len(window) == 2 and all(isinstance(i, int) for i in window)):
+        raise UsageError(f"recipe {name!r}: steady_window must be [first, last] iterations")
+    backend = data["backend"]
+    recipe = Recipe(
+        name=name,
+        description=data["description"],
+        backend=backend,
+        model=data["model"],
+        device=data["device"],
+        nnodes=data["nnodes"],
+        nproc_per_node=data["nproc_per_node"],
+        seq_length=data["seq_length"],
+        micro_batch_size=data["micro_batch_size"],
+        global_batch_size=data["global_batch_size"],
+        train_iters=data["train_iters"],
+        precision=data["precision"],
+        attention_backend=data["attention_backend"],
+        steady_window=(window[0], window[1]),
+        rows=tuple(data["rows"]),
+        parallelism=Parallelism(**layout),
+        hardware=data.get("hardware"),
+        requires=tuple(data.get("requires", ())),
+        timeout_s=float(data.get("timeout_s", 600.0)),
+        stall_timeout_s=float(data.get("stall_timeout_s", 300.0)),
+        backend_options=data.get(backend, {}),
+    )
+    check_recipe(recipe)
+    return recipe
+
+
+def check_recipe(recipe: Recipe) -> None:
+    """Sizes and layout: every product must divide the world, batches must split over data parallel."""
+    where = f"recipe {recipe.name!r}"
+    for key in ("nnodes", "nproc_per_node", "seq_length", "micro_batch_size", "global_batch_size", "train_iters"):
+        value = getattr(recipe, key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
+    check_layout(recipe.parallelism, recipe.world_size, where)
+    dp = recipe.parallelism.data_parallel(recipe.world_size)
+    if recipe.global_batch_size % (recipe.micro_batch_size * dp):
+        raise UsageError(
+            f"{where}: global batch {recipe.global_batch_size} is not a multiple of micro batch "
+            f"{recipe.micro_batch_size} x data parallel {dp}"
+        )
+    first, last = recipe.steady_window
+    if not 1 <= first <= last <= recipe.train_iters:
+        raise UsageError(f"{where}: steady_window [{first}, {last}] is not inside 1..{recipe.train_iters}")
+    if not recipe.rows or recipe.rows[0] != CONTROL_ROW:
+        raise UsageError(f"{where}: rows must start with the matched [] control")
+    for row in recipe.rows:
+        parse_row(row)
+
+
+def check_layout(layout: Parallelism, world: int, where: str) -> None:
+    """The same divisibility MCore's ``initialize_model_parallel`` asserts, said on one line."""
+    for key in PARALLEL_KEYS:
+        value = getattr(layout, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise UsageError(f"{where}: parallelism {key} must be a positive integer, got {value!r}")
+    dense = layout.tp * layout.pp * layout.cp
+    if world % dense:
+        raise UsageError(
+            f"{where}: TP{layout.tp} x PP{layout.pp} x CP{layout.cp} = {dense} does not divide {world} ranks"
+        )
+    expert = layout.expert_tp * layout.ep * layout.pp
+    if world % expert:
+        raise UsageError(
+            f"{where}: expert layout ETP{layout.expert_tp} x EP{layout.ep} x PP{layout.pp} = {expert} "
+            f"does not divide {world} ranks"
+        )
+    if layout.vpp is not None and layout.pp == 1:
+        raise UsageError(f"{where}: virtual pipeline (vpp={layout.vpp}) needs pipeline parallel > 1")
+
+
+def check_packages(recipe: Recipe) -> None:
+    """Refuse, before launching, a recipe whose packages this environment lacks."""
+    for module in recipe.requires:
+        if not _importable(module):
+            hint = _INSTALL_HINT.get(module, f"install the package that provides {module}")
+            raise UsageError(f"recipe {recipe.name!r} needs {module}, which is not installed ({hint})")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def with_world(recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> Recipe:
+    """The recipe on another world shape (``--nnodes``/``--nproc-per-node``), re-checked."""
+    values = recipe.as_dict()
+    if nnodes is not None:
+        values["nnodes"] = nnodes
+    if nproc_per_node is not None:
+        values["nproc_per_node"] = nproc_per_node
+    changed = Recipe.from_dict(values)
+    check_recipe(changed)
+    return changed

@@ -1,0 +1,184 @@
+"""A recipe sweep: the matched ``[]`` control first, then one change per row, one torchrun job per row.
+
+Layout of a sweep directory (``--out``)::
+
+    <out>/<recipe>-<UTC time>/
+        records/<row>.json            one run record per row (written atomically, also for failures)
+        rows/<row>/spec.json          what the workers ran (recipe as data, row)
+        rows/<row>/events/rankN.jsonl each rank's phases, iterations, errors
+        rows/<row>/torchrun/nodeK/... each rank's stdout.log, stderr.log, error.json
+        rows/<row>/launcherK.log      torchrun's (or srun's) own output
+
+Everything a user can get wrong (packages, devices, layout, rows, faults) is refused before the
+first launch.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.errors import UsageError
+from harness.record.io import write_json_atomic, write_record
+from harness.run.assemble import build_record
+from harness.run.classify import Outcome, against_control, classify
+from harness.run.events import SPEC_FILE, RankEvidence, read_row
+from harness.run.faults import FAULT_ENV, Fault
+from harness.run.launch import LaunchResult, local_commands, run_row, slurm_command
+from harness.run.recipes import CONTROL_ROW, Recipe, check_packages, parse_row
+
+
+class Progress(Protocol):
+    def row_started(self, row: str) -> None: ...
+    def poll(self, row: str, ranks: list[RankEvidence], elapsed_s: float) -> None: ...
+    def row_finished(self, row: str, outcome: Outcome, elapsed_s: float) -> None: ...
+
+
+@dataclass
+class RowResult:
+    row: str
+    row_dir: Path
+    record_path: Path
+    record: dict[str, Any]
+    outcome: Outcome
+    launch: LaunchResult
+
+
+def row_slug(row: str) -> str:
+    return "control" if row == CONTROL_ROW else row
+
+
+def sweep_rows(recipe: Recipe, rows: list[str] | None) -> list[str]:
+    """The rows to run, control first; ``--rows`` may name rows outside the recipe's list."""
+    chosen = list(recipe.rows) if rows is None else [CONTROL_ROW] + [r for r in rows if r != CONTROL_ROW]
+    if len(set(chosen)) != len(chosen):
+        raise UsageError(f"duplicated row in {chosen}")
+    for row in chosen:
+        parse_row(row)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """``local``: every node's torchrun on this host. ``slurm``: one srun step per row, torchrun per node,
+    the c10d rendezvous on ``rdzv_endpoint`` (the job's first node), from inside an sbatch allocation."""
+
+    kind: str = "local"
+    rdzv_endpoint: str | None = None
+    python: str = "python"
+
+    def commands(self, recipe: Recipe, row_dir: Path, rdzv_id: str) -> list[list[str]]:
+        if self.kind == "local":
+            return local_commands(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id)
+        host, _, port = (self.rdzv_endpoint or "").rpartition(":")
+        return [slurm_command(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id, host, int(port), self.python)]
+
+
+def check_labels(rows: list[str]) -> None:
+    """Every selective label must be one the installed Megatron Core validator accepts."""
+    from harness.config.labels import accepted_labels
+
+    known = accepted_labels()
+    for row in rows:
+        unknown = sorted(set(parse_row(row).modules or ()) - known)
+        if unknown:
+            raise UsageError(f"row {row!r}: {', '.join(unknown)} not accepted by the installed Megatron Core "
+                             f"(labels: {', '.join(sorted(known))})")
+
+
+def check_launchable(recipe: Recipe, faults: list[Fault], launcher: Launcher = Launcher(),
+                     rows: list[str] | None = None) -> None:
+    """Packages, labels, devices and fault ranks — the checks that need this machine, before any launch."""
+    check_packages(recipe)
+    check_labels(sweep_rows(recipe, rows))
+    if launcher.kind == "slurm":
+        host, _, port = (launcher.rdzv_endpoint or "").rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError("the slurm launcher needs --rdzv-endpoint HOST:PORT (the job's first node)")
+    if recipe.backend == "mcore" and (recipe.parallelism.tp, recipe.parallelism.pp, recipe.parallelism.cp) != (1, 1, 1):
+        raise UsageError(f"recipe {recipe.name!r}: the mcore back end's loop covers data and expert parallel only "
+                         "(TP, PP and CP must be 1; use the bridge back end)")
+    if recipe.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"recipe {recipe.name!r} needs CUDA GPUs; this machine has none (CPU recipes: cpu-*)")
+        if recipe.nnodes > 1 and launcher.kind == "local":
+            raise UsageError(f"recipe {recipe.name!r} spans {recipe.nnodes} nodes: write its job with "
+                             f"`recompute-harness launch --slurm --recipe {recipe.name}`")
+        found = torch.cuda.device_count()
+        if found < recipe.nproc_per_node:
+            raise UsageError(f"recipe {recipe.name!r} needs {recipe.nproc_per_node} GPUs per node; {found} visible")
+    for fault in faults:
+        if fault.rank >= recipe.world_size:
+            raise UsageError(f"fault {fault.spec()!r}: rank {fault.rank} is outside the {recipe.world_size}-rank world")
+        if fault.iteration > recipe.train_iters:
+            raise UsageError(f"fault {fault.spec()!r}: the recipe runs {recipe.train_iters} iterations")
+
+
+def sweep_dir(out: Path, recipe: Recipe) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = Path(out) / f"{recipe.name}-{stamp}-{uuid.uuid4().hex[:6]}"
+    path.mkdir(parents=True)
+    return path
+
+
+def run_sweep(
+    recipe: Recipe,
+    out: Path,
+    *,
+    rows: list[str] | None = None,
+    faults: list[Fault] = (),
+    timeout_s: float | None = None,
+    stall_timeout_s: float | None = None,
+    progress: Progress | None = None,
+    launcher: Launcher = Launcher(),
+) -> tuple[Path, list[RowResult]]:
+    chosen = sweep_rows(recipe, rows)
+    faults = list(faults)
+    check_launchable(recipe, faults, launcher, rows)
+    timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
+    stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s
+    directory = sweep_dir(out, recipe)
+    results: list[RowResult] = []
+    control: Outcome | None = None
+    for row in chosen:
+        result = run_one_row(recipe, row, directory, fault=next((f for f in faults if f.applies_to(row)), None),
+                             timeout_s=timeout_s, stall_timeout_s=stall_timeout_s, control=control, progress=progress,
+                             launcher=launcher)
+        if row == CONTROL_ROW:
+            control = result.outcome
+        results.append(result)
+    return directory, results
+
+
+def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | None, timeout_s: float,
+                stall_timeout_s: float, control: Outcome | None, progress: Progress | None,
+                launcher: Launcher = Launcher()) -> RowResult:
+    slug = row_slug(row)
+    row_dir = directory / "rows" / slug
+    row_dir.mkdir(parents=True)
+    spec = {"recipe": {**recipe.as_dict(), "stall_timeout_s": stall_timeout_s}, "row": row}
+    write_json_atomic(row_dir / SPEC_FILE, spec)
+    if progress is not None:
+        progress.row_started(row)
+    commands = launcher.commands(recipe, row_dir, f"{recipe.name}-{slug}-{uuid.uuid4().hex[:8]}")
+    launch = run_row(
+        row_dir, commands, world_size=recipe.world_size, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s,
+        env={FAULT_ENV: fault.spec()} if fault is not None else None,
+        on_poll=None if progress is None else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
+    )
+    ranks = read_row(row_dir, recipe.world_size)
+    outcome = classify(ranks, launch, train_iters=recipe.train_iters, row_dir=row_dir,
+                       stall_timeout_s=stall_timeout_s, timeout_s=timeout_s)
+    if row != CONTROL_ROW:
+        outcome = against_control(outcome, control)
+    record = build_record(recipe, row, ranks, outcome)
+    record_path = directory / "records" / f"{slug}.json"
+    write_record(record_path, record)
+    if progress is not None:
+        progress.row_finished(row, outcome, launch.elapsed_s)
+    return RowResult(row, row_dir, record_path, record, outcome, launch)

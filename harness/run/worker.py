@@ -1,0 +1,54 @@
+"""The program torchrun starts on every rank: ``python -m harness.run.worker ROW_DIR``.
+
+It reads ``ROW_DIR/spec.json`` (written by the runner: the recipe as data, the row, the seed), runs
+the recipe's back end, and reports through ``harness.run.instrument``. ``@record`` makes torchrun
+write this rank's exception and traceback to its ``TORCHELASTIC_ERROR_FILE`` as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from harness.run.events import SPEC_FILE
+from harness.run.instrument import Instrument
+
+
+def read_spec(row_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(row_dir) / SPEC_FILE).read_text(encoding="utf-8"))
+
+
+@record
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    row_dir = Path(args[0])
+    spec = read_spec(row_dir)
+    recipe = spec["recipe"]
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    instrument = Instrument(row_dir, rank, recipe["device"])
+    try:
+        # Import before announcing the start: the stall clock then never counts import time.
+        if recipe["backend"] == "mcore":
+            from harness.run.backend_mcore import train
+        else:
+            from harness.run.backend_bridge import train
+        instrument.started(world)
+        train(spec, instrument)
+    except BaseException as exc:
+        instrument.failed(exc)
+        raise
+    instrument.finished()
+
+
+if __name__ == "__main__":
+    main()
+    # Everything is reported and flushed: skip the interpreter teardown of torch and Megatron (seconds
+    # per rank), which only delays torchrun noticing that the row finished.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -1,0 +1,36 @@
+"""Run records for tests, built with the real constructors (harness.record.build) from small numbers."""
+
+from __future__ import annotations
+
+from harness.config.fields import RecomputeFields
+from harness.record.build import hardware, iteration_row, new_record, outcome, parallelism, rank_peaks, run_metrics, workload
+
+REVISIONS = {
+    "torch": "2.14.1",
+    "megatron_core": {"version": "0.19.2", "commit": None, "fingerprint": "feedfacecafebeef"},
+    "megatron_bridge": None, "transformer_engine": None, "cuda": "13.0", "driver": None, "python": "3.12.1",
+}
+
+
+def run_record(*modules: str, peak: int = 30_000_000_000, step_ms: float = 400.0, status: str = "completed",
+               iterations: int = 6, died_in: int | None = None, revisions: dict | None = None, model: str = "tiny",
+               gpus: int = 2, record_id: str | None = None) -> dict:
+    """A completed run (or one that failed in the forward of iteration ``died_in``), one row per rank."""
+    if status != "completed" and died_in is None:
+        died_in = iterations
+    done = iterations if status == "completed" else died_in - 1
+    rows = [iteration_row(i, step_time_ms=step_ms, loss=2.0, tflops_per_gpu=100.0) for i in range(1, done + 1)]
+    ranks = [rank_peaks(r, {i: (peak - 1000 * r, peak + 10**9) for i in range(1, done + 1)}) for r in range(gpus)]
+    return new_record(
+        "run",
+        record_id=record_id,
+        revisions=revisions or REVISIONS,
+        hardware=hardware("H100_80GB", gpus, sm="9.0", host="node-1"),
+        workload=workload(recipe="tiny-recipe", model=model, backend="mcore", seq_length=128, micro_batch_size=1,
+                          global_batch_size=2, precision="bf16", attention_backend="fused", train_iters=iterations,
+                          parallelism=parallelism(dp=gpus)),
+        recompute=RecomputeFields.selective(*modules),
+        metrics=run_metrics(rows, ranks, (3, done) if status == "completed" else None),
+        outcome=outcome(status, iteration=iterations if status == "completed" else died_in,
+                        phase=None if status == "completed" else "forward"),
+    )

@@ -1,0 +1,158 @@
+"""Recipes, rows, faults, classification and the slurm script: everything the runner decides before
+(or after) a launch, checked without launching anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import main
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+from harness.run.classify import Outcome, against_control, classify
+from harness.run.events import RankEvidence
+from harness.run.faults import parse_fault
+from harness.run.launch import LaunchResult, local_commands, slurm_command
+from harness.run.recipes import Parallelism, Recipe, check_layout, check_packages, load_recipe, parse_row, recipe_names
+from harness.run.slurm import SlurmOptions, sbatch_script
+
+
+def test_every_recipe_loads_and_starts_with_the_control():
+    names = recipe_names()
+    assert {"moonlight-full-8gpu", "nemotron-3-nano-full-16gpu", "cpu-moonlight-ep2", "cpu-moonlight-ep2-2node"} <= set(names)
+    for name in names:
+        recipe = load_recipe(name)
+        assert recipe.rows[0] == "[]"
+    gpu_sizes = {load_recipe(n).world_size for n in names if load_recipe(n).device == "cuda"}
+    assert {1, 2, 8, 16} <= gpu_sizes
+
+
+def test_full_size_recipes_match_the_seed_studies():
+    moonlight = load_recipe("moonlight-full-8gpu")
+    assert (moonlight.world_size, moonlight.seq_length, moonlight.global_batch_size, moonlight.train_iters) == (8, 4096, 4, 20)
+    assert moonlight.parallelism.record_dict(8) == {"tp": 2, "pp": 1, "cp": 1, "ep": 8, "dp": 4, "expert_dp": 1, "vpp": None}
+    assert moonlight.steady_window == (11, 20)
+    nemotron = load_recipe("nemotron-3-nano-full-16gpu")
+    assert (nemotron.nnodes, nemotron.world_size, nemotron.seq_length, nemotron.global_batch_size,
+            nemotron.train_iters) == (2, 16, 8192, 16, 12)
+    assert nemotron.parallelism.record_dict(16) == {"tp": 1, "pp": 1, "cp": 1, "ep": 8, "dp": 16, "expert_dp": 2, "vpp": None}
+
+
+@pytest.mark.parametrize("layout, world, problem", [
+    (Parallelism(tp=2, ep=8), 8, "expert layout ETP2 x EP8"),  # etp defaults to tp, as in MCore
+    (Parallelism(tp=3), 8, "TP3 x PP1 x CP1 = 3 does not divide 8"),
+    (Parallelism(ep=4), 2, "does not divide 2 ranks"),
+    (Parallelism(vpp=2), 4, "virtual pipeline"),
+    (Parallelism(tp=0), 4, "positive integer"),
+])
+def test_impossible_layouts_are_refused(layout, world, problem):
+    with pytest.raises(UsageError, match=problem):
+        check_layout(layout, world, "recipe 'x'")
+
+
+def test_unknown_recipe_and_missing_package_are_one_line_errors():
+    with pytest.raises(UsageError, match="unknown recipe 'nope'.*moonlight-full-8gpu"):
+        load_recipe("nope")
+    values = load_recipe("cpu-moonlight-ep2").as_dict()
+    values["requires"] = ["no_such_module_for_recompute_harness"]
+    with pytest.raises(UsageError, match="needs no_such_module_for_recompute_harness, which is not installed"):
+        check_packages(Recipe.from_dict(values))
+
+
+def test_batch_must_split_over_data_parallel():
+    from harness.run.recipes import with_world
+
+    with pytest.raises(UsageError, match="global batch 4 is not a multiple of micro batch 2 x data parallel 4"):
+        with_world(load_recipe("cpu-moonlight-ep2"), nproc_per_node=4)
+
+
+@pytest.mark.parametrize("name, fields", [
+    ("[]", RecomputeFields.selective()),
+    ("moe_act", RecomputeFields.selective("moe_act")),
+    ("layernorm+moe_act", RecomputeFields.selective("layernorm", "moe_act")),
+    ("full-uniform-1", RecomputeFields.full("uniform", 1)),
+    ("full-block-4", RecomputeFields.full("block", 4)),
+])
+def test_row_names_round_trip(name, fields):
+    assert parse_row(name) == fields
+    assert fields.name == name
+
+
+@pytest.mark.parametrize("name", ["", "a++b", "full-uniform", "full--x", " moe"])
+def test_bad_row_names(name):
+    with pytest.raises(UsageError):
+        parse_row(name)
+
+
+def test_fault_specs():
+    fault = parse_fault("oom:iteration=2,phase=backward,rank=1,row=[]")
+    assert (fault.kind, fault.iteration, fault.phase, fault.rank, fault.row) == ("oom", 2, "backward", 1, "[]")
+    assert parse_fault(fault.spec()) == fault
+    assert fault.applies_to("[]") and not fault.applies_to("moe_act")
+    for bad, problem in [("boom", "kind"), ("oom:phase=sideways", "phase"), ("nan:phase=backward", "forward"),
+                         ("oom:iteration=x", "integers"), ("oom:iteration=0", "count from 1"), ("oom:depth=1", "expected")]:
+        with pytest.raises(UsageError, match=problem):
+            parse_fault(bad)
+
+
+def _rank(rank: int, iteration: int, phase: str, **more) -> RankEvidence:
+    return RankEvidence(rank=rank, started=True, iteration=iteration, phase=phase, **more)
+
+
+def test_root_error_wins_over_the_peer_that_lost_its_connection(tmp_path):
+    ranks = [
+        _rank(0, 3, "grad-sync", errors=[{"t": 1.0, "iteration": 3, "phase": "grad-sync", "type": "RuntimeError",
+                                          "message": "[gloo] Connection closed by peer"}]),
+        _rank(1, 3, "backward", errors=[{"t": 2.0, "iteration": 3, "phase": "backward", "type": "OutOfMemoryError",
+                                         "message": "CUDA out of memory. Tried to allocate 1 GiB"}]),
+    ]
+    launch = LaunchResult([1], 1.0, "token")
+    outcome = classify(ranks, launch, train_iters=4, row_dir=tmp_path, stall_timeout_s=5, timeout_s=60)
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("oom", 3, "backward", (1,))
+
+
+def test_a_stopped_row_is_a_hang_at_the_rank_furthest_behind(tmp_path):
+    ranks = [_rank(0, 2, "grad-sync"), _rank(1, 2, "backward")]
+    outcome = classify(ranks, LaunchResult([-15], 9.0, "token", "stall"), train_iters=4, row_dir=tmp_path,
+                       stall_timeout_s=5, timeout_s=60)
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("hang", 2, "backward", (1,))
+
+
+def test_advanced_but_failed_only_against_a_failed_control():
+    control = Outcome("oom", 2, "forward", (0,), "control oom")
+    later = Outcome("oom", 2, "optimizer-step", (1,), "row oom")
+    assert against_control(later, control).status == "advanced-but-failed"
+    assert "got further than the [] control" in against_control(later, control).message
+    assert against_control(Outcome("oom", 1, "backward", (0,), "x"), control).status == "oom"
+    completed_control = Outcome("completed", 4, None, (), "ok")
+    assert against_control(later, completed_control).status == "oom"
+
+
+def test_local_multi_node_commands_share_one_rendezvous(tmp_path):
+    node0, node1 = local_commands(tmp_path, 2, 1, "job-1", python="python")
+    endpoint = node0[node0.index("--rdzv-endpoint") + 1]
+    assert endpoint.startswith("127.0.0.1:") and node1[node1.index("--rdzv-endpoint") + 1] == endpoint
+    assert "is_host=true" in node0 and "is_host=false" in node1
+    assert node0[:3] == ["python", "-m", "torch.distributed.run"]
+    assert node0[-3:] == ["-m", "harness.run.worker", str(tmp_path)]
+
+
+def test_slurm_job_is_srun_plus_torchrun(tmp_path):
+    command = slurm_command(tmp_path, 2, 8, "job-7", "node-a", 29500)
+    assert command[0] == "srun" and "--nodes=2" in command and "--ntasks-per-node=1" in command
+    shell = command[-1]
+    assert "-m torch.distributed.run --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint node-a:29500" in shell
+    assert "node$SLURM_NODEID" in shell
+    recipe = load_recipe("nemotron-3-nano-full-16gpu")
+    script = sbatch_script(recipe, tmp_path, list(recipe.rows), SlurmOptions(partition="batch"), tmp_path)
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=batch" in script
+    assert "--launcher slurm" in script and '--rdzv-endpoint "$HEAD:29500"' in script
+
+
+def test_cli_refuses_bad_input_before_launching(tmp_path, capsys):
+    assert main(["run", "--recipe", "nope", "--out", str(tmp_path)]) == 2
+    assert main(["run", "--recipe", "cpu-moonlight-ep2", "--nproc-per-node", "3", "--out", str(tmp_path)]) == 2
+    assert main(["run", "--recipe", "cpu-moonlight-ep2", "--inject-fault", "oom:rank=7", "--out", str(tmp_path)]) == 2
+    assert main(["launch", "--slurm", "--recipe", "cpu-moonlight-ep2", "--out", str(tmp_path)]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recompute-harness: error: ")]
+    assert len(errors) == 4  # one line each (torch's import-time warnings may share stderr)
+    assert list(tmp_path.iterdir()) == []  # nothing launched, nothing written
