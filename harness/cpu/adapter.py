@@ -8,8 +8,8 @@ test_cpu_adapter.py`` fails when upstream changes any of them):
    attention), the MoE router's gating, and rotary embeddings' forward. Without CUDA it answers
    ``"cpu"``, so those allocations land where the model lives.
 2. The RNG tracker's "CUDA" generator (``torch.cuda.get_rng_state``, ``torch.cuda.manual_seed``,
-   ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state``): on CPU, dropout draws from the default CPU
-   generator, so the tracker's state *is* that generator's state. This keeps RNG replay real: the
+   ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state``): on CPU, dropout
+   draws from the default CPU generator, so the tracker's state *is* that generator's state. This keeps RNG replay real: the
    tracker forks, saves and restores the very state dropout consumes.
    ``CudaRNGStatesTracker.fork`` then logs "CPU RNG state changed within GPU RNG context" on every
    fork (on CPU the two are one generator): a logging filter drops exactly that message.
@@ -18,7 +18,9 @@ test_cpu_adapter.py`` fails when upstream changes any of them):
    checkpoint calls TE's ``FP8GlobalStateManager``, ``activation_recompute_forward`` and
    ``fp8_autocast`` — names that are unbound without TE. They are bound in
    ``megatron.core.tensor_parallel.random`` to their "FP8 disabled" meaning: FP8 not enabled, no
-   recipe, a null context. There is no FP8 on CPU, so this changes no numerics.
+   recipe, a null context. There is no FP8 on CPU, so this changes no numerics. (Those
+   checkpoints also build MCore's ``share_storage`` C++ extension on first use: g++ is needed once,
+   then torch caches it.)
 
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified). ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world
@@ -167,10 +169,6 @@ def enable_cpu_adapter() -> bool:
         mcore_random.fp8_autocast = _fp8_autocast_disabled
     _enabled = True
     return True
-
-
-def adapter_enabled() -> bool:
-    return _enabled
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,22 @@ class TinyModel:
         return per_token.float().mean()
 
 
+def _parallel_sizes(has_experts: bool) -> dict[str, int]:
+    """The model-parallel sizes of the running MCore parallel state (the config must agree with it)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return {}
+    sizes = {
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "context_parallel_size": ps.get_context_parallel_world_size(),
+    }
+    if has_experts:
+        sizes["expert_model_parallel_size"] = ps.get_expert_model_parallel_world_size()
+    return sizes
+
+
 def transformer_config(style: StyleModel, fields: RecomputeFields, *, dropout: bool = False,
                        add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
                        device: str | torch.device = "cpu", **overrides: Any):
@@ -156,6 +172,7 @@ def transformer_config(style: StyleModel, fields: RecomputeFields, *, dropout: b
     kwargs = dict(style.config_kwargs)
     if add_bias_linear is not None:
         kwargs["add_bias_linear"] = add_bias_linear
+    kwargs.update(_parallel_sizes(has_experts="num_moe_experts" in kwargs))
     kwargs.update(
         hidden_dropout=0.1 if dropout else 0.0,
         attention_dropout=0.1 if dropout else 0.0,

@@ -20,14 +20,11 @@ class Disagreement:
             text = "accept" if accepted else f"reject [{rule}]"
             return text + (f" warn {list(warned)}" if warned else "")
 
+        predicted = verdict(self.predicted.accepted, self.predicted.rule, self.predicted.warning_rules)
         actual = verdict(self.actual.accepted, self.actual.rule, self.actual.warning_rules)
         if self.actual.message:
             actual += f": {self.actual.message}"
-        return (
-            f"config: {self.scenario.describe()}\n"
-            f"  matrix predicts: {verdict(self.predicted.accepted, self.predicted.rule, self.predicted.warning_rules)}\n"
-            f"  MCore validator: {actual}"
-        )
+        return f"config: {self.scenario.describe()}\n  matrix predicts: {predicted}\n  MCore validator: {actual}"
 
 
 def agrees(predicted: Prediction, actual: Verdict) -> bool:

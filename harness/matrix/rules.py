@@ -19,7 +19,7 @@ from typing import Literal
 
 from harness.matrix.view import ConfigView
 
-Outcome = Literal["accept", "reject", "warn", "silently-ignored"]
+Outcome = Literal["accept", "reject", "warn", "silently-ignored", "hang"]
 
 VALIDATOR = "TransformerConfig validator"
 LAYER_BUILD = "layer build"
@@ -29,6 +29,7 @@ BRIDGE = "Bridge comm-overlap check"
 SKILL = "SKILL.md Compatibility and Validation"
 MCORE_CONFIG = "MCore transformer_config.py __post_init__"
 MCORE_PARALLEL = "MCore model_parallel_config.py __post_init__"
+MCORE_RECOMPUTE = "MCore recompute.py checkpointed_forward"
 MCORE_LAYER = "MCore transformer_layer.py / moe_layer.py / mlp.py submodule build"
 
 UNCLASSIFIED = "mcore.unclassified"  # a rejection whose message no rule recognizes
@@ -301,9 +302,13 @@ RULES: tuple[Rule, ...] = (
     Rule("semantics.num-layers-without-granularity", ("recompute_granularity", "recompute_num_layers"),
          "recompute_num_layers with granularity None: accepted, nothing is recomputed", "silently-ignored",
          VALIDATOR, MCORE_CONFIG),
-    Rule("semantics.full-num-layers-zero", ("recompute_granularity", "recompute_num_layers"),
-         "full with recompute_num_layers=0: accepted although the message asks for 1..layers per stage",
-         "silently-ignored", VALIDATOR, MCORE_CONFIG),
+    Rule("semantics.full-block-num-layers-zero", ("recompute_granularity", "recompute_method", "recompute_num_layers"),
+         "full block with recompute_num_layers=0: accepted (the 1..layers-per-stage bound is never checked), "
+         "no layer is recomputed", "silently-ignored", VALIDATOR, MCORE_CONFIG),
+    Rule("runtime.full-uniform-num-layers-zero-hangs",
+         ("recompute_granularity", "recompute_method", "recompute_num_layers"),
+         "full uniform with recompute_num_layers=0: accepted, then forward never returns (the uniform loop "
+         "advances by recompute_num_layers)", "hang", RUNTIME, MCORE_RECOMPUTE),
     Rule("semantics.labels-without-granularity", ("recompute_granularity", "recompute_modules"),
          "labels with granularity None: accepted (even unknown ones), nothing is recomputed",
          "silently-ignored", VALIDATOR, MCORE_CONFIG),

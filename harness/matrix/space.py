@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
@@ -18,9 +19,14 @@ import torch
 # Labels outside the accepted set: a made-up one, a case variant, an empty item.
 UNKNOWN_LABELS: tuple[str, ...] = ("not_a_label", "MLP", "")
 MAX_LABELS = 4
-# Chance a sampled dimension stays at its baseline: with a dozen dimensions each able to trip an
-# unrelated prerequisite, uniform draws would stop nearly every config before the recompute rules.
-BASELINE_CHANCE = 0.6
+# Chance a sampled dimension stays at its baseline. Context dimensions (parallelism, offloading,
+# precision) mostly do, so that the features whose combinations the deep rules read (model, graphs,
+# overlap, dropouts) vary freely without an unrelated prerequisite stopping the config first.
+BASELINE_CHANCE = 0.8
+FEATURE_BASELINE_CHANCE = 0.2
+FEATURE_DIMENSIONS = ("model", "cuda_graph", "overlap", "attention_dropout", "hidden_dropout", "moe_input_jitter_eps")
+UNKNOWN_LABEL_CHANCE = 0.1
+UNSET_MODULES_CHANCE = 0.15
 ALWAYS_DRAWN = ("recompute_granularity",)  # every granularity equally often
 # Options that trip a prerequisite rule early; drawn rarely so that deeper rules get reached.
 RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset({
@@ -153,33 +159,36 @@ class Scenario:
         return ", ".join(parts) or "baseline"
 
 
-def label_pool(labels: frozenset[str]) -> list[str]:
-    return sorted(labels) + list(UNKNOWN_LABELS)
-
-
-def options_of(dimension: str) -> tuple[str, list[str], list[str]]:
+@lru_cache(maxsize=None)
+def options_of(dimension: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """``(baseline, common options, rare options)`` of a dimension."""
     baseline, *others = DIMENSIONS[dimension]
-    rare = [option for option in others if (dimension, option) in RARE_OPTIONS]
-    return baseline, [option for option in others if option not in rare], rare
+    rare = tuple(option for option in others if (dimension, option) in RARE_OPTIONS)
+    return baseline, tuple(option for option in others if option not in rare), rare
 
 
 def _draw(rng: random.Random, dimension: str) -> str:
     baseline, common, rare = options_of(dimension)
-    if dimension not in ALWAYS_DRAWN and rng.random() < BASELINE_CHANCE:
+    chance = FEATURE_BASELINE_CHANCE if dimension in FEATURE_DIMENSIONS else BASELINE_CHANCE
+    if dimension not in ALWAYS_DRAWN and rng.random() < chance:
         return baseline
     if rare and rng.random() < RARE_CHANCE:
         return rng.choice(rare)
-    return rng.choice(common + ([baseline] if dimension in ALWAYS_DRAWN or not common else []))
+    return rng.choice(common + ((baseline,) if dimension in ALWAYS_DRAWN or not common else ()))
 
 
 def sample_scenarios(count: int, labels: frozenset[str], seed: int = 0) -> list[Scenario]:
     """``count`` scenarios, reproducibly: mostly baseline per dimension, trap options rarely."""
     rng = random.Random(seed)
-    pool = label_pool(labels)
+    known = sorted(labels)
+
+    def label() -> str:
+        return rng.choice(UNKNOWN_LABELS) if rng.random() < UNKNOWN_LABEL_CHANCE else rng.choice(known)
+
     scenarios = []
     for _ in range(count):
         options = tuple((dimension, _draw(rng, dimension)) for dimension in DIMENSIONS)
-        modules = None if rng.random() < 0.15 else tuple(rng.choices(pool, k=rng.randint(0, MAX_LABELS)))
+        unset = rng.random() < UNSET_MODULES_CHANCE
+        modules = None if unset else tuple(label() for _ in range(rng.randint(0, MAX_LABELS)))
         scenarios.append(Scenario(options, modules))
     return scenarios

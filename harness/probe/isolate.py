@@ -16,6 +16,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -49,8 +50,10 @@ class IsolatedProbe:
             command.append("--add-bias-linear")
         env = {key: value for key, value in os.environ.items()
                if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        # stderr goes to a file: a chatty child must never block on a full pipe (a false "hang").
+        self.stderr = tempfile.TemporaryFile(mode="w+")
         self.started = time.monotonic()
-        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
                                         start_new_session=True, env=env)
 
     def outcome(self) -> IsolatedOutcome:
@@ -59,7 +62,6 @@ class IsolatedProbe:
         deadline = self.started + self.startup_timeout_s
         ready_at: float | None = None
         payload = None
-        buffered = ""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -69,18 +71,19 @@ class IsolatedProbe:
                 return IsolatedOutcome("hang", f"no result {limit:.0f} s into {phase}; process group killed")
             if not selector.select(timeout=remaining):
                 continue
-            chunk = self.process.stdout.readline()
-            if chunk == "":  # child exited
+            line = self.process.stdout.readline()
+            if line == "":  # child exited
                 break
-            buffered = chunk.strip()
-            if buffered == READY and ready_at is None:
+            line = line.strip()
+            if line == READY and ready_at is None:
                 ready_at = time.monotonic()
                 deadline = ready_at + self.timeout_s
-            elif buffered.startswith(RESULT):
-                payload = json.loads(buffered[len(RESULT):])
+            elif line.startswith(RESULT):
+                payload = json.loads(line[len(RESULT):])
         self.process.wait(timeout=10)
         if payload is None:
-            tail = (self.process.stderr.read() or "").strip().splitlines()[-1:] or ["no output"]
+            self.stderr.seek(0)
+            tail = self.stderr.read().strip().splitlines()[-1:] or ["no output"]
             return IsolatedOutcome("crash", f"exit {self.process.returncode}: {tail[0]}")
         return IsolatedOutcome("completed", "", payload)
 

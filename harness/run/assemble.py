@@ -70,6 +70,8 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: O
              "expert_tp": str(recipe.parallelism.expert_tp), "launcher": "torchrun"}
     if not on_gpu:
         extra["device_memory"] = CPU_MEMORY_NOTE
+    if started is not None:
+        extra.update(started.notes)
     return new_record(
         "run",
         workload=workload(

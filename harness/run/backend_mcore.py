@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from harness.cpu.models import build_model
+from harness.cpu.models import TinyModel, build_model
 from harness.run.instrument import Instrument, NonFiniteLoss
 from harness.run.recipes import Parallelism, parse_row
 
@@ -82,53 +83,70 @@ def _reduced_loss(local: torch.Tensor, iteration: int) -> float:
     return value
 
 
-def train(spec: dict[str, Any], instrument: Instrument) -> None:
-    recipe = spec["recipe"]
-    options = recipe["backend_options"]
-    fields = parse_row(spec["row"])
-    device = recipe["device"]
-    layout = Parallelism(**recipe["parallelism"])
-    world = recipe["nnodes"] * recipe["nproc_per_node"]
-    dp = layout.data_parallel(world)
-    micro_batches = recipe["global_batch_size"] // (recipe["micro_batch_size"] * dp)
-    dtype = _DTYPES[recipe["precision"]]
+@dataclass
+class MCoreTraining:
+    """A built model and its optimizer; ``step`` runs one training iteration, phase by phase."""
 
-    with instrument.phase(0, "model-build"):
-        _init_parallel(layout, device, float(recipe["stall_timeout_s"]))
-        model = build_model(
-            recipe["model"], fields, seq_length=recipe["seq_length"],
-            micro_batch_size=recipe["micro_batch_size"], dtype=dtype, device=device, seed=SEED,
-            expert_model_parallel_size=layout.ep, **options.get("config", {}),
-        )
-        model.module.train()
-
+    model: TinyModel
+    micro_batches: int
+    lr: float
+    rank: int
     optimizer: torch.optim.Optimizer | None = None
-    rank = dist.get_rank()
-    for iteration in range(1, recipe["train_iters"] + 1):
-        started = time.perf_counter()
+
+    def step(self, iteration: int, instrument: Instrument) -> float:
+        """One iteration; returns the world-mean loss."""
         losses = []
-        for micro in range(micro_batches):
+        for micro in range(self.micro_batches):
             with instrument.phase(iteration, "forward"):
-                batch = model.batch(seed=SEED + iteration * 1000 + micro * 10 + rank)
-                loss = instrument.loss(model.loss(batch), iteration)
+                batch = self.model.batch(seed=SEED + iteration * 1000 + micro * 10 + self.rank)
+                loss = instrument.loss(self.model.loss(batch), iteration)
                 losses.append(_reduced_loss(loss, iteration))
             with instrument.phase(iteration, "backward"):
-                (loss / micro_batches).backward()
+                (loss / self.micro_batches).backward()
         with instrument.phase(iteration, "grad-sync"):
-            for group, grads in _grad_groups(model.module):
+            for group, grads in _grad_groups(self.model.module):
                 _all_reduce_mean(group, grads)
-        if optimizer is None:
+        if self.optimizer is None:
             with instrument.phase(iteration, "optimizer-init"):
-                optimizer = torch.optim.AdamW(model.module.parameters(), lr=float(options.get("lr", 1e-4)))
-                optimizer.step()
+                self.optimizer = torch.optim.AdamW(self.model.module.parameters(), lr=self.lr)
+                self.optimizer.step()
         else:
             with instrument.phase(iteration, "optimizer-step"):
-                optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        step_time_ms = (time.perf_counter() - started) * 1000.0
-        instrument.iteration_end(iteration, loss=sum(losses) / len(losses), step_time_ms=step_time_ms)
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return sum(losses) / len(losses)
 
+
+def build(spec: dict[str, Any], instrument: Instrument) -> MCoreTraining:
+    """Parallel state + the style model with the row's recompute fields (phase ``model-build``)."""
+    recipe = spec["recipe"]
+    options = recipe["backend_options"]
+    layout = Parallelism(**recipe["parallelism"])
+    world = recipe["nnodes"] * recipe["nproc_per_node"]
+    with instrument.phase(0, "model-build"):
+        _init_parallel(layout, recipe["device"], float(recipe["stall_timeout_s"]))
+        model = build_model(
+            recipe["model"], parse_row(spec["row"]), seq_length=recipe["seq_length"],
+            micro_batch_size=recipe["micro_batch_size"], dtype=_DTYPES[recipe["precision"]],
+            device=recipe["device"], seed=SEED, expert_model_parallel_size=layout.ep, **options.get("config", {}),
+        )
+        model.module.train()
+    micro_batches = recipe["global_batch_size"] // (recipe["micro_batch_size"] * layout.data_parallel(world))
+    return MCoreTraining(model, micro_batches, float(options.get("lr", 1e-4)), dist.get_rank())
+
+
+def instrumented_iteration(training: MCoreTraining, iteration: int, instrument: Instrument) -> None:
+    """A step plus what the harness measures around it: step time (device synced) and peaks."""
+    started = time.perf_counter()
+    loss = training.step(iteration, instrument)
+    if training.model.device.type == "cuda":
+        torch.cuda.synchronize()
+    instrument.iteration_end(iteration, loss=loss, step_time_ms=(time.perf_counter() - started) * 1000.0)
+
+
+def train(spec: dict[str, Any], instrument: Instrument) -> None:
+    training = build(spec, instrument)
+    for iteration in range(1, spec["recipe"]["train_iters"] + 1):
+        instrumented_iteration(training, iteration, instrument)
     dist.barrier()
     dist.destroy_process_group()

@@ -1,7 +1,7 @@
 """How a row ended, decided from per-rank evidence only.
 
 Order of evidence: a row the runner had to stop (timeout, or no rank reporting for the stall
-timeout) is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise the root error
+timeout) before every rank finished is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise the root error
 decides: the ranks' error lines (written by the worker with the phase it was in), falling back to
 torchrun's per-rank ``error.json`` files. A peer's loss ("connection closed", "communicator aborted")
 is a consequence, never the root, when another rank reports its own error. The root error's kind:
@@ -89,14 +89,14 @@ def _first_line(message: str) -> str:
 
 def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: int, row_dir: Path,
              stall_timeout_s: float, timeout_s: float) -> Outcome:
-    if launch.stopped is not None:
+    unfinished = [rank for rank in ranks if not rank.done]
+    if launch.stopped is not None and unfinished:
         return _hang(ranks, launch, stall_timeout_s, timeout_s)
     errors = [(rank.rank, error) for rank in ranks for error in rank.errors]
     if errors:
         return _from_error_events(errors)
-    unfinished = [rank for rank in ranks if not rank.done]
-    if not launch.succeeded or unfinished:
-        return _from_torchrun(ranks, unfinished, launch, row_dir)
+    if unfinished:
+        return _from_torchrun(unfinished, launch, row_dir)
     short = [rank.rank for rank in ranks if len(rank.iterations) < train_iters]
     if short:
         return Outcome("crash", None, None, tuple(short),
@@ -104,7 +104,9 @@ def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: in
     nan = [rank.rank for rank in ranks if any(it.get("nan") for it in rank.iterations)]
     if nan:
         return Outcome("nan", None, None, tuple(nan), "non-finite loss reported")
-    return Outcome("completed", train_iters, None, (), f"completed {train_iters} iterations on {len(ranks)} ranks")
+    exit_note = "" if launch.succeeded else f" (then the processes did not exit cleanly: {launch.stopped or launch.returncodes})"
+    return Outcome("completed", train_iters, None, (),
+                   f"completed {train_iters} iterations on {len(ranks)} ranks{exit_note}")
 
 
 def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEvidence]]:
@@ -141,13 +143,11 @@ def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Outcome:
     return Outcome(kind, root.get("iteration"), root.get("phase"), tuple(same), message)
 
 
-def _from_torchrun(ranks: list[RankEvidence], unfinished: list[RankEvidence], launch: LaunchResult,
-                   row_dir: Path) -> Outcome:
+def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir: Path) -> Outcome:
     """No rank wrote an error line (killed by a signal, died in an import): use torchrun's files."""
     files = torchrun_errors(row_dir)
     own = [item for item in files if not _is_peer_loss(item["message"])] or files
-    behind = unfinished or ranks
-    (iteration, phase_index), stuck = _behind(behind)
+    (iteration, phase_index), stuck = _behind(unfinished)
     phase = PHASES[phase_index] if phase_index >= 0 else None
     if own:
         root = min(own, key=lambda item: item["t"])

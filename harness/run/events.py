@@ -5,8 +5,9 @@ failure classification). A line is written and flushed before the phase it annou
 rank that hangs or is killed still leaves the exact iteration and phase it stopped in.
 
 Line kinds: ``start`` (rank, world size, pid, device), ``phase`` (iteration, phase), ``iteration``
-(loss, step time, allocated/reserved peaks), ``error`` (iteration, phase, exception type and message,
-whether this rank's own loss was finite), ``done``.
+(loss, step time, allocated/reserved peaks), ``note`` (how the workload actually ran, e.g. a
+dispatcher fallback), ``error`` (iteration, phase, exception type and message, whether this rank's
+own loss was finite), ``done``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class RankEvidence:
     phase: str | None = None
     iterations: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)
     done: bool = False
     last_time: float | None = None
 
@@ -96,6 +98,8 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
             evidence.iterations.append(event)
         elif kind == "error":
             evidence.errors.append(event)
+        elif kind == "note":
+            evidence.notes[event["key"]] = str(event["value"])
         elif kind == "done":
             evidence.done = True
     return evidence

@@ -47,13 +47,21 @@ class Instrument:
         self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(), device=self.device,
                          device_name=device_name, sm=sm)
 
-    @contextlib.contextmanager
-    def phase(self, iteration: int, name: str) -> Iterator[None]:
+    def enter(self, iteration: int, name: str) -> None:
+        """Mark the start of a phase (and give the fault hook its chance to fire there)."""
         self.iteration, self.phase_name = iteration, name
         self.events.emit("phase", iteration=iteration, phase=name)
         if self.fault is not None:
             self.fault.at_phase_start(iteration, name, self.rank)
+
+    @contextlib.contextmanager
+    def phase(self, iteration: int, name: str) -> Iterator[None]:
+        self.enter(iteration, name)
         yield
+
+    def note(self, key: str, value: str) -> None:
+        """A fact about how the workload actually ran (e.g. a dispatcher fallback), kept in the record."""
+        self.events.emit("note", key=key, value=value)
 
     def loss(self, loss: Any, iteration: int) -> Any:
         """The fault hook's chance to poison this rank's loss (identity unless a nan fault is set)."""
@@ -67,8 +75,10 @@ class Instrument:
         return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
 
     def iteration_end(self, iteration: int, *, loss: float | None, step_time_ms: float | None,
-                      skipped: bool = False, tflops_per_gpu: float | None = None) -> None:
-        allocated, reserved = self.memory_peaks()
+                      skipped: bool = False, tflops_per_gpu: float | None = None,
+                      peaks: tuple[int | None, int | None] | None = None) -> None:
+        """``peaks`` when read earlier (right after the optimizer step); else read now."""
+        allocated, reserved = self.memory_peaks() if peaks is None else peaks
         self.events.emit(
             "iteration", iteration=iteration, loss=loss, step_time_ms=step_time_ms, skipped=skipped,
             allocated_bytes=allocated, reserved_bytes=reserved, tflops_per_gpu=tflops_per_gpu,

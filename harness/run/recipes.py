@@ -22,6 +22,8 @@ BACKENDS = ("bridge", "mcore")
 DEVICES = ("cuda", "cpu")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
 CONTROL_ROW = "[]"
+BRIDGE_RECIPES = ("moonlight_16b", "nemotron_3_nano")  # builders in harness.run.backend_bridge.RECIPES
+MCORE_PRECISIONS = ("fp32", "bf16", "fp16")  # parameter dtypes of the mcore back end's loop
 
 _REQUIRED = (
     "description", "backend", "model", "device", "nnodes", "nproc_per_node", "seq_length",
@@ -185,6 +187,10 @@ def load_recipe(name: str) -> Recipe:
     if not (isinstance(window, list) and len(window) == 2 and all(isinstance(i, int) for i in window)):
         raise UsageError(f"recipe {name!r}: steady_window must be [first, last] iterations")
     backend = data["backend"]
+    if backend == "bridge" and data.get("bridge", {}).get("recipe") not in BRIDGE_RECIPES:
+        raise UsageError(f"recipe {name!r}: [bridge] recipe must be one of {', '.join(BRIDGE_RECIPES)}")
+    if backend == "mcore" and data["precision"] not in MCORE_PRECISIONS:
+        raise UsageError(f"recipe {name!r}: mcore precision must be one of {', '.join(MCORE_PRECISIONS)}")
     recipe = Recipe(
         name=name,
         description=data["description"],

@@ -3,6 +3,8 @@ real layers built on CPU."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from harness.config.fields import RecomputeFields
@@ -53,7 +55,8 @@ def test_mla_label_validates_through_mla_config():
 @pytest.mark.parametrize("rule, fields", [
     ("semantics.selective-ignores-method", _fields(granularity="selective", modules=("mlp",), method="block")),
     ("semantics.num-layers-without-granularity", _fields(num_layers=2)),
-    ("semantics.full-num-layers-zero", _fields(granularity="full", method="uniform", num_layers=0)),
+    ("semantics.full-block-num-layers-zero", _fields(granularity="full", method="block", num_layers=0)),
+    ("runtime.full-uniform-num-layers-zero-hangs", _fields(granularity="full", method="uniform", num_layers=0)),
     ("semantics.labels-without-granularity", _fields(modules=("not_a_label",))),
     ("semantics.distribute-saved-activations-without-recompute",
      {"distribute_saved_activations": True, "sequence_parallel": True, "tensor_model_parallel_size": 2}),
@@ -61,7 +64,7 @@ def test_mla_label_validates_through_mla_config():
 def test_silent_acceptances_are_recorded_in_the_matrix(rule, fields):
     verdict = validate(fields)
     assert verdict.accepted, verdict.message
-    assert RULES_BY_ID[rule].outcome == "silently-ignored"
+    assert RULES_BY_ID[rule].outcome in ("silently-ignored", "hang")
     expected = {**RecomputeFields().as_dict(), **RecomputeFields.from_dict(fields).as_dict()}
     if expected["recompute_modules"] is None:
         expected["recompute_modules"] = ["core_attn"]
@@ -117,4 +120,52 @@ def test_full_with_labels_turns_on_no_module_switch(build, model):
 @pytest.mark.parametrize("model", ["dense-tiny", "moonlight-tiny"])
 def test_selective_empty_list_recomputes_no_module(build, model):
     switches = build(model, RecomputeFields.selective())
+    assert switches and not any(switches.values())
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _trains_within(model, seconds: float) -> bool:
+    """One forward+backward finishes within ``seconds`` (a SIGALRM interrupts the Python-level loop)."""
+
+    def interrupt(*_):
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        model.loss(model.batch()).backward()
+        return True
+    except _Interrupted:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_full_num_layers_zero_is_a_no_op_with_block_and_a_hang_with_uniform(build):
+    from harness.cpu.models import build_model
+
+    block = build_model("dense-tiny", RecomputeFields.full("block", 0))
+    uniform = build_model("dense-tiny", RecomputeFields.full("uniform", 0))
+    assert _trains_within(block, 5.0)
+    assert not _trains_within(uniform, 2.0), "full uniform with recompute_num_layers=0 returned"
+
+
+def test_mlp_label_switches_only_dense_layers(build):
+    switches = build("moonlight-tiny", RecomputeFields.selective("mlp"))  # layer 0 dense, 1-2 MoE
+    assert {name for name, on in switches.items() if on} == {"decoder.layers.0.recompute_mlp"}
+    assert RULES_BY_ID["semantics.mlp-on-moe-layers"].outcome == "silently-ignored"
+
+
+def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
+    from harness.cpu.adapter import transformer_engine_available
+
+    if transformer_engine_available():
+        pytest.skip("with Transformer Engine the grouped-GEMM flag builds TEGroupedMLP, where moe_act acts")
+    assert validate({**_fields(granularity="selective", modules=("moe_act",)), "num_moe_experts": 4,
+                     "moe_grouped_gemm": True}).accepted
+    switches = build("moonlight-tiny", RecomputeFields.selective("moe_act"))
     assert switches and not any(switches.values())

@@ -10,7 +10,7 @@ from harness.config.validate import validate
 from harness.matrix.check import check, compare, minimize
 from harness.matrix.oracle import Oracle
 from harness.matrix.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
-from harness.matrix.space import DIMENSIONS, MAX_LABELS, Scenario, label_pool, options_of, sample_scenarios
+from harness.matrix.space import DIMENSIONS, MAX_LABELS, UNKNOWN_LABELS, Scenario, options_of, sample_scenarios
 
 ORACLE = Oracle()
 
@@ -46,7 +46,7 @@ def test_matrix_covers_the_required_constraints():
 
 def test_rules_are_well_formed():
     for rule in RULES:
-        assert rule.outcome in ("accept", "reject", "warn", "silently-ignored"), rule.id
+        assert rule.outcome in ("accept", "reject", "warn", "silently-ignored", "hang"), rule.id
         assert rule.reads and rule.condition and rule.source, rule.id
         if rule.differential:
             assert rule.enforced_in == VALIDATOR and rule.message and rule.outcome in ("reject", "warn"), rule.id
@@ -56,7 +56,7 @@ def test_rules_are_well_formed():
 
 def test_every_validator_rule_is_reachable_and_recognized():
     examples: dict[str, Scenario] = {}
-    for scenario in sample_scenarios(60_000, ORACLE.labels, seed=7):
+    for scenario in sample_scenarios(20_000, ORACLE.labels, seed=7):
         prediction = ORACLE.predict(scenario.fields())
         for rule in (prediction.rule, *prediction.warning_rules):
             examples.setdefault(rule, scenario)
@@ -81,7 +81,8 @@ def _option(dimension: str) -> st.SearchStrategy[tuple[str, str]]:
 scenarios = st.builds(
     Scenario,
     options=st.tuples(*(_option(dimension) for dimension in DIMENSIONS)),
-    modules=st.none() | st.lists(st.sampled_from(label_pool(ORACLE.labels)), max_size=MAX_LABELS).map(tuple),
+    modules=st.none()
+    | st.lists(st.sampled_from(sorted(ORACLE.labels) + list(UNKNOWN_LABELS)), max_size=MAX_LABELS).map(tuple),
 )
 
 
@@ -96,7 +97,8 @@ def test_check_reports_a_wrong_matrix_with_a_minimal_config():
     disagreements = check(sample_scenarios(400, ORACLE.labels, seed=1), blind_to_mlp)
     assert disagreements
     report = disagreements[0].report()
-    assert "'mlp'" in report and "matrix predicts: reject [labels.unknown]" in report and "MCore validator: accept" in report
+    assert "'mlp'" in report and "matrix predicts: reject [labels.unknown]" in report
+    assert "MCore validator: accept" in report
 
 
 def test_matrix_command_prints_every_rule(capsys):

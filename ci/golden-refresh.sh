@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Golden refresh after a Megatron Core bump (run on the GPU runner the goldens describe).
+#   1. bump megatron-core in pyproject.toml; ./venv-run reinstalls on first use;
+#   2. ci/golden-refresh.sh [RECIPE...]   (default: the GPU recipes this runner can hold);
+#   3. review the printed diffs, commit tests/golden/ (new pins get new files; old ones stay).
+# Goldens are only ever written by the harness from fresh records, with their provenance.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${RECOMPUTE_HARNESS_GPU_OUT:-$root/runs/refresh-$(date -u +%Y%m%dT%H%M%SZ)}"
+recipes=("$@")
+if [[ ${#recipes[@]} -eq 0 ]]; then
+  recipes=(mcore-moonlight-1gpu moonlight-short-8gpu nemotron-3-nano-short-8gpu moonlight-full-8gpu)
+fi
+./venv-run recompute-harness revisions
+./venv-run recompute-harness labels   # the label set of the new MCore (its manifest is a golden too)
+for recipe in "${recipes[@]}"; do
+  # A row that fails is recorded as such; the refresh below refuses failed rows unless expected.
+  ./venv-run recompute-harness run --recipe "$recipe" --out "$out" || true
+done
+for records in "$out"/*/records; do
+  ./venv-run recompute-harness golden refresh --golden-dir tests/golden --dry-run "$records"
+  ./venv-run recompute-harness golden refresh --golden-dir tests/golden "$records"
+done
+git -C "$root" status --short tests/golden

@@ -1,0 +1,222 @@
+"""The ``bridge`` back end: real Megatron Bridge recipes, shortened, with per-rank metrics of our own.
+
+GPU tier only (Bridge needs Transformer Engine built against CUDA); the runner refuses a bridge
+recipe before launch when ``megatron.bridge`` is not installed. Recipes (Bridge 0.6.x API, read at
+the studied commit 600d069b):
+
+- ``nemotron_3_nano``: ``megatron.bridge.recipes.nemotronh.nemotron_3_nano.nemotron_3_nano_pretrain_config``
+  with its HuggingFace tokenizer replaced by ``NullTokenizer`` + the explicit vocabulary size (no hub).
+- ``moonlight_16b``: ``moonlight_16b_pretrain_8gpu_h100_bf16_config`` built offline: the recipe's model
+  provider (``AutoBridge.from_hf_pretrained`` on the hub) is swapped, for the duration of the call
+  only, for ``AutoBridge.from_hf_config`` on a DeepSeek-V3 config carrying Moonlight's values
+  (``harness/data/bridge/moonlight-16b-a3b.json``) — the same seam Bridge's own recipe tests use.
+
+Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
+data, evaluation off, log every step, checkpoint save/load off (the recipe's default checkpoint
+directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
+the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
+package (DeepEP / HybridEP) is missing — recorded as a note in the run record.
+
+Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
+callback of ours reports every rank's allocator peaks after every step, the step time, the loss and
+TFLOP/s. Phases: ``model-build`` until training starts, then ``forward`` when a step starts; when a
+step fails, the phase is refined from the traceback (outermost Megatron frame: forward_step,
+backward_step, finalize_model_grads, the optimizer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import traceback
+from collections.abc import Iterator
+from importlib import resources
+from typing import Any
+
+import torch
+from megatron.bridge.training.callbacks import Callback
+from megatron.bridge.training.gpt_step import forward_step
+from megatron.bridge.training.pretrain import pretrain
+
+from harness.run.instrument import Instrument
+from harness.run.recipes import Parallelism, parse_row
+
+# (path fragment, function name) of the outermost frame that places a failure in a phase.
+_PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
+    ("training/setup.py", "", "model-build"),
+    ("", "get_model", "model-build"),
+    ("", "finalize_model_grads", "grad-sync"),
+    ("megatron/core/optimizer", "step", "optimizer-step"),
+    ("pipeline_parallel/schedules.py", "backward_step", "backward"),
+    ("pipeline_parallel/schedules.py", "forward_step", "forward"),
+)
+
+
+def phase_from_traceback(exc: BaseException, iteration: int) -> str | None:
+    for frame in traceback.extract_tb(exc.__traceback__):
+        for fragment, function, phase in _PHASE_FRAMES:
+            if fragment in frame.filename.replace("\\", "/") and (not function or frame.name == function):
+                return "optimizer-init" if phase == "optimizer-step" and iteration == 1 else phase
+    return None
+
+
+class RankMetrics(Callback):
+    """Every rank, every step: phase marks, step time, loss, allocator peaks, TFLOP/s."""
+
+    def __init__(self, instrument: Instrument, world_size: int) -> None:
+        self.instrument = instrument
+        self.world_size = world_size
+        self.step_started = 0.0
+        self.flops_before = 0.0
+        self.pending: dict[str, Any] | None = None
+
+    def _flops(self, context: Any) -> float | None:
+        value = getattr(context.state.train_state, "floating_point_operations_so_far", None)
+        return None if value is None else float(value)
+
+    def _flush(self, context: Any) -> None:
+        """Emit the previous step: Bridge adds a step's FLOPs to the running total after on_train_step_end."""
+        if self.pending is None:
+            return
+        flops = self._flops(context)
+        tflops = None
+        if flops is not None and self.pending["step_time_ms"]:
+            tflops = (flops - self.flops_before) / (self.pending["step_time_ms"] / 1000.0) / self.world_size / 1e12
+            self.flops_before = flops
+        self.instrument.iteration_end(
+            self.pending["iteration"], loss=self.pending["loss"], step_time_ms=self.pending["step_time_ms"],
+            skipped=self.pending["skipped"], tflops_per_gpu=tflops, peaks=self.pending["peaks"],
+        )
+        self.pending = None
+
+    def on_train_start(self, context: Any) -> None:
+        self.flops_before = self._flops(context) or 0.0
+
+    def on_train_step_start(self, context: Any) -> None:
+        self._flush(context)
+        self.instrument.enter(context.state.train_state.step + 1, "forward")
+        self.step_started = time.perf_counter()
+
+    def on_train_step_end(self, context: Any) -> None:
+        torch.cuda.synchronize()
+        step_time_ms = (time.perf_counter() - self.step_started) * 1000.0
+        losses = list((context.loss_dict or {}).values())
+        loss = float(losses[0]) if losses else None  # only the last pipeline stage holds the loss
+        self.pending = {
+            "iteration": context.state.train_state.step + 1, "loss": loss, "step_time_ms": step_time_ms,
+            "skipped": bool(context.skipped_iter), "peaks": self.instrument.memory_peaks(),
+        }
+
+    def on_train_end(self, context: Any) -> None:
+        self._flush(context)
+
+
+@contextlib.contextmanager
+def _swapped(module: Any, name: str, replacement: Any) -> Iterator[None]:
+    if not hasattr(module, name):
+        raise RuntimeError(f"{module.__name__}.{name} not found: the installed Bridge changed its Moonlight recipe")
+    original = getattr(module, name)
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def moonlight_16b_config(options: dict[str, Any]) -> Any:
+    from transformers import DeepseekV3Config
+
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.recipes.moonlight.h100 import moonlight_16b as recipe_module
+
+    text = resources.files("harness").joinpath("data", "bridge", "moonlight-16b-a3b.json").read_text(encoding="utf-8")
+    values = {key: value for key, value in json.loads(text).items() if not key.startswith("_")}
+
+    def offline_provider() -> Any:
+        return AutoBridge.from_hf_config(DeepseekV3Config(**values)).to_megatron_provider(load_weights=False)
+
+    with _swapped(recipe_module, "_moonlight_16b_model_provider", offline_provider):
+        return recipe_module.moonlight_16b_pretrain_8gpu_h100_bf16_config()
+
+
+def nemotron_3_nano_config(options: dict[str, Any]) -> Any:
+    from megatron.bridge.recipes.nemotronh.nemotron_3_nano import nemotron_3_nano_pretrain_config
+
+    cfg = nemotron_3_nano_pretrain_config()
+    cfg.tokenizer.tokenizer_type = "NullTokenizer"
+    cfg.tokenizer.tokenizer_model = None
+    cfg.tokenizer.vocab_size = int(options["vocab_size"])
+    return cfg
+
+
+RECIPES = {"moonlight_16b": moonlight_16b_config, "nemotron_3_nano": nemotron_3_nano_config}  # = recipes.BRIDGE_RECIPES
+
+
+def _dispatcher_fallback(cfg: Any, instrument: Instrument) -> None:
+    from megatron.core.transformer.moe import fused_a2a
+
+    if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
+        return
+    backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
+    available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP}.get(backend, True)
+    if not available:
+        cfg.model.moe_token_dispatcher_type = "alltoall"
+        cfg.model.moe_flex_dispatcher_backend = None
+        instrument.note("moe_dispatcher", f"alltoall (flex/{backend} unavailable on this machine)")
+    else:
+        instrument.note("moe_dispatcher", f"flex/{backend}")
+
+
+def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument) -> Any:
+    """The harness recipe's overrides on Bridge's recipe (see the module docstring)."""
+    layout = Parallelism(**recipe["parallelism"])
+    iters = recipe["train_iters"]
+    cfg.train.train_iters = iters
+    cfg.train.global_batch_size = recipe["global_batch_size"]
+    cfg.train.micro_batch_size = recipe["micro_batch_size"]
+    cfg.scheduler.lr_warmup_iters = max(1, iters // 10)
+    cfg.scheduler.lr_decay_iters = iters
+    cfg.model.seq_length = recipe["seq_length"]
+    cfg.dataset.seq_length = recipe["seq_length"]
+    cfg.dataset.blend = None  # mock data
+    cfg.dataset.blend_per_split = None
+    cfg.validation.eval_iters = 0
+    cfg.validation.eval_interval = None
+    cfg.logger.log_interval = 1
+    cfg.logger.tensorboard_dir = None
+    cfg.logger.wandb_project = None
+    cfg.checkpoint.save = None
+    cfg.checkpoint.load = None
+    cfg.checkpoint.save_interval = None
+    cfg.checkpoint.pretrained_checkpoint = None
+    cfg.model.tensor_model_parallel_size = layout.tp
+    cfg.model.pipeline_model_parallel_size = layout.pp
+    cfg.model.context_parallel_size = layout.cp
+    cfg.model.expert_model_parallel_size = layout.ep
+    cfg.model.expert_tensor_parallel_size = layout.expert_tp
+    cfg.model.virtual_pipeline_model_parallel_size = layout.vpp
+    if layout.tp == 1:
+        cfg.model.sequence_parallel = False
+    for name, value in recipe["backend_options"].get("model", {}).items():
+        if not hasattr(cfg.model, name):
+            raise ValueError(f"Bridge's model provider has no field {name!r} (recipe [bridge.model])")
+        setattr(cfg.model, name, value)
+    recompute = {"recompute_modules": None, **parse_row(row).as_config_kwargs()}  # full rows: no module list
+    for name, value in recompute.items():
+        setattr(cfg.model, name, value)
+    _dispatcher_fallback(cfg, instrument)
+    return cfg
+
+
+def train(spec: dict[str, Any], instrument: Instrument) -> None:
+    recipe = spec["recipe"]
+    world = recipe["nnodes"] * recipe["nproc_per_node"]
+    with instrument.phase(0, "model-build"):
+        cfg = short_run(RECIPES[recipe["backend_options"]["recipe"]](recipe["backend_options"]), recipe,
+                        spec["row"], instrument)
+    try:
+        pretrain(cfg, forward_step, callbacks=[RankMetrics(instrument, world)])
+    except BaseException as exc:
+        instrument.phase_name = phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
+        raise

@@ -1,0 +1,43 @@
+"""GPU-tier gates: each returns None when the machine has what a test needs, else a skip reason that
+names exactly what is missing (CUDA, GPU count, SM 9.0 for H100 goldens, Transformer Engine,
+mamba-ssm, Megatron Bridge)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bool = False,
+            bridge: bool = False) -> str | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs CUDA: no CUDA device is visible"
+    found = torch.cuda.device_count()
+    if found < gpus:
+        return f"needs {gpus} GPUs: {found} visible"
+    if sm is not None:
+        major, minor = torch.cuda.get_device_capability(0)
+        if f"{major}.{minor}" != sm:
+            return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
+    for wanted, module, name in ((te, "transformer_engine", "Transformer Engine"), (mamba, "mamba_ssm", "mamba-ssm"),
+                                 (bridge, "megatron.bridge", "Megatron Bridge 0.6.2")):
+        if wanted and not _importable(module):
+            return f"needs {name}: `import {module}` fails"
+    return None
+
+
+def require(**needs) -> None:
+    """Skip the calling test, with the reason, unless the machine has everything in ``needs``."""
+    reason = missing(**needs)
+    if reason is not None:
+        pytest.skip(reason)

@@ -1,0 +1,82 @@
+"""GPU tier (nightly, ``pytest -m gpu``): the runner on real GPUs, both back ends, and the seed-study
+goldens. Each test skips with the name of what the machine lacks. Records land in
+``$RECOMPUTE_HARNESS_GPU_OUT`` (default: pytest's temp dir) for ci/nightly-gpu.sh to compare and publish."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from gates import require
+from harness.record.io import load_records
+from harness.run.recipes import load_recipe
+from harness.run.runner import run_sweep
+
+pytestmark = pytest.mark.gpu
+
+
+def _out(tmp_path: Path) -> Path:
+    return Path(os.environ.get("RECOMPUTE_HARNESS_GPU_OUT", tmp_path))
+
+
+def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
+    for result in results:
+        assert result.outcome.status == "completed", f"{result.row}: {result.outcome.message}"
+        ranks = result.record["metrics"]["ranks"]
+        assert sorted(rank["rank"] for rank in ranks) == list(range(world_size))
+        for rank in ranks:
+            for peak in rank["peaks"]:
+                assert 0 < peak["allocated_bytes"] <= peak["reserved_bytes"]
+        headline = result.record["metrics"]["headline"]
+        assert headline["peak_after_iteration"] == 2 and headline["step_time_ms"] > 0
+        assert result.record["metrics"]["nan_iterations"] == 0
+
+
+def test_mcore_backend_one_gpu(tmp_path):
+    require(gpus=1)
+    recipe = load_recipe("mcore-moonlight-1gpu")
+    directory, results = run_sweep(recipe, _out(tmp_path), rows=["core_attn", "moe"])
+    _assert_complete_with_per_rank_peaks(results, 1)
+    assert len(load_records([directory / "records"])) == 3
+
+
+def test_mcore_backend_expert_parallel_two_gpus(tmp_path):
+    require(gpus=2)
+    _, results = run_sweep(load_recipe("mcore-moonlight-2gpu"), _out(tmp_path), rows=["moe"])
+    _assert_complete_with_per_rank_peaks(results, 2)
+
+
+def test_injected_oom_on_gpu_is_classified(tmp_path):
+    require(gpus=2)
+    from harness.run.faults import parse_fault
+
+    _, (result,) = run_sweep(load_recipe("mcore-moonlight-2gpu"), _out(tmp_path), rows=[],
+                             faults=[parse_fault("oom:iteration=3,phase=optimizer-step,rank=1")])
+    assert (result.outcome.status, result.outcome.iteration, result.outcome.phase) == ("oom", 3, "optimizer-step")
+
+
+@pytest.mark.parametrize("recipe_name, needs", [
+    ("moonlight-short-1gpu", {"gpus": 1, "te": True, "bridge": True}),
+    ("moonlight-short-8gpu", {"gpus": 8, "te": True, "bridge": True}),
+    ("nemotron-3-nano-short-1gpu", {"gpus": 1, "te": True, "mamba": True, "bridge": True}),
+    ("nemotron-3-nano-short-8gpu", {"gpus": 8, "te": True, "mamba": True, "bridge": True}),
+])
+def test_bridge_short_recipes(tmp_path, recipe_name, needs):
+    require(**needs)
+    recipe = load_recipe(recipe_name)
+    _, results = run_sweep(recipe, _out(tmp_path), rows=[recipe.rows[1]])
+    _assert_complete_with_per_rank_peaks(results, recipe.world_size)
+
+
+def test_moonlight_seed_study_matches_its_golden(tmp_path):
+    require(gpus=8, sm="9.0", te=True, bridge=True)
+    from harness.compare.comparator import compare_records
+    from harness.record.golden import load_golden
+
+    golden_path = next(Path(__file__).parents[1].joinpath("golden").glob("moonlight-full-8gpu__H100_80GBx8__*.json"))
+    _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _out(tmp_path))
+    comparison = compare_records(load_golden(golden_path), [r.record for r in results], str(golden_path))
+    assert comparison.passed, [check.verdict for check in comparison.failures]
+

@@ -1,0 +1,80 @@
+"""The CPU adapter: its patched surface is pinned to upstream, and what it adapts really works."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.cpu import adapter
+
+
+@pytest.fixture(scope="module")
+def cpu_group():
+    adapter.init_cpu_parallel_state()
+
+
+def test_upstream_still_matches_what_the_adapter_replaces():
+    # Fails loudly on an MCore/torch bump that changes any replaced function or a call site the
+    # adapter's meaning relies on: re-read the change, then re-pin PATCHED_SURFACE / PINNED_CALL_SITES.
+    assert adapter.upstream_drift() == []
+
+
+def test_drift_is_reported_by_name(monkeypatch):
+    name = "megatron.core.tensor_parallel.random._set_cuda_rng_state"
+    monkeypatch.setitem(adapter.PATCHED_SURFACE, name, "0" * 16)
+    drift = adapter.upstream_drift()
+    assert len(drift) == 1 and drift[0].startswith(name)
+
+
+def test_fp8_names_are_unbound_upstream_without_te():
+    if adapter.transformer_engine_available():
+        pytest.skip("Transformer Engine is installed: the adapter binds no FP8 names")
+    assert not any(adapter._FP8_NAMES_BOUND_UPSTREAM.values())
+
+
+def test_enable_is_idempotent_and_installs_exactly_the_surface(cpu_group):
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    assert adapter.enable_cpu_adapter() is True
+    installed = (torch.cuda.current_device, torch.cuda.get_rng_state, mcore_random._set_cuda_rng_state)
+    assert adapter.enable_cpu_adapter() is True
+    assert (torch.cuda.current_device, torch.cuda.get_rng_state, mcore_random._set_cuda_rng_state) == installed
+    assert torch.cuda.current_device() == "cpu"
+    assert mcore_random.FP8GlobalStateManager.is_fp8_enabled() is False
+
+
+def test_rng_tracker_fork_replays_dropout(cpu_group):
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    def masks():
+        adapter.reseed(7)
+        with get_cuda_rng_tracker().fork():
+            first = torch.nn.functional.dropout(torch.ones(64), 0.5)
+        outside = torch.nn.functional.dropout(torch.ones(64), 0.5)
+        return first, outside
+
+    (a, outside_a), (b, outside_b) = masks(), masks()
+    assert torch.equal(a, b) and torch.equal(outside_a, outside_b)
+    assert not torch.equal(a, outside_a)  # the tracker's stream is its own
+
+
+def test_output_discard_checkpoint_runs_and_matches_plain_autograd(cpu_group):
+    from megatron.core.tensor_parallel.random import CheckpointWithoutOutput
+
+    x = torch.randn(8, 16, requires_grad=True)
+    weight = torch.randn(16, 16, requires_grad=True)
+
+    def plain():
+        return (torch.nn.functional.silu(x) @ weight).sum()
+
+    plain().backward()
+    expected_x, expected_w = x.grad.clone(), weight.grad.clone()
+    x.grad = weight.grad = None
+
+    checkpoint = CheckpointWithoutOutput()
+    activated = checkpoint.checkpoint(torch.nn.functional.silu, x)
+    out = (activated @ weight).sum()
+    checkpoint.discard_output_and_register_recompute(out)
+    assert activated.untyped_storage().nbytes() == 0  # discarded until backward recomputes it
+    out.backward()
+    assert torch.equal(x.grad, expected_x) and torch.equal(weight.grad, expected_w)

@@ -1,0 +1,36 @@
+"""``recompute-harness probe``: bad input is one line and exit 2; a small probe prints the table."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["probe", "--model", "llama-huge"], "unknown model 'llama-huge'"),
+    (["probe", "--model", "dense-tiny", "--modules", "core_attn+not_a_label"], "unknown recompute label(s) not_a_label"),
+    (["probe", "--model", "dense-tiny", "--seq-length", "0"], "--seq-length must be in"),
+    (["probe", "--model", "dense-tiny", "--micro-batch-size", "many"], "invalid int value"),
+    (["probe", "--all", "--modules", "core_attn", "--check-golden"], "goldens cover the full probe matrix"),
+    (["probe"], "one of the arguments --model --all --list is required"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("recompute-harness: error: ")
+
+
+def test_probe_prints_the_table(capsys):
+    assert main(["probe", "--model", "dense-tiny", "--modules", "core_attn", "moe", "--attribution"]) == 0
+    out = capsys.readouterr().out
+    assert "| `core_attn` |" in out and "| `moe` |" in out and "inactive" in out
+    assert "where the retained activation bytes are" in out
+
+
+def test_probe_json(capsys):
+    import json
+
+    assert main(["probe", "--model", "nemotron-tiny", "--modules", "mlp", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [row["status"] for row in data[0]["rows"]] == ["control", "inactive"]
