@@ -13,7 +13,9 @@ if [[ ${#recipes[@]} -eq 0 ]]; then
   recipes=(mcore-moonlight-1gpu moonlight-short-8gpu nemotron-3-nano-short-8gpu moonlight-full-8gpu)
 fi
 ./venv-run recompute-harness revisions
-./venv-run recompute-harness labels   # the label set of the new MCore (its manifest is a golden too)
+./venv-run recompute-harness labels --check || true   # prints the label diff against the newest manifest
+./venv-run recompute-harness labels --write-manifest   # the label manifest is a golden too
+./venv-run recompute-harness matrix --check   # the matrix must still agree with the new validator
 for recipe in "${recipes[@]}"; do
   # A row that fails is recorded as such; the refresh below refuses failed rows unless expected.
   ./venv-run recompute-harness run --recipe "$recipe" --out "$out" || true

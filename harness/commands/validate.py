@@ -49,7 +49,7 @@ def _labels(text: str) -> list[str]:
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
-    from harness.config.coerce import coerce_field, parse_assignment
+    from harness.config.coerce import coerce_field, field_types, parse_assignment
     from harness.config.validate import config_class_for
 
     for what, text in (("--granularity", args.granularity), ("--modules", args.modules), ("--method", args.method)):
@@ -71,7 +71,10 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     if mla is not None:
         fields["multi_latent_attention"] = coerce_field(config_class_for({}), "multi_latent_attention", mla)
     config_class = config_class_for(fields)
+    mla_only = set(field_types(config_class_for({"multi_latent_attention": True}))) - set(field_types(config_class))
     for name, text in assignments:
+        if name in mla_only:
+            raise UsageError(f"--set {name}: an MLA field; add --set multi_latent_attention=true")
         fields[name] = coerce_field(config_class, name, text)
     return fields
 

@@ -30,7 +30,7 @@ MANIFEST_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "label
 REFRESH_COMMAND = "./venv-run recompute-harness labels --write-manifest"
 
 _SENTINEL = "harness_sentinel_not_a_label"
-_QUOTED_IDENTIFIER = re.compile(r"""["']([a-z][a-z0-9_]*)["']""")
+_QUOTED_IDENTIFIER = re.compile(r"""["']([A-Za-z_][A-Za-z0-9_]*)["']""")
 
 
 def _rejection(modules: list[str]) -> str | None:

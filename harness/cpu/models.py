@@ -67,9 +67,10 @@ STYLE_MODELS: dict[str, StyleModel] = {
         ),
         StyleModel(
             name="moonlight-tiny",
-            description=("Moonlight/DeepSeek-V3 style: Multi-Latent Attention (q_lora_rank None) + "
-                         "MoE with shared experts and the grouped-GEMM flag, first layer dense "
-                         "(moe_layer_freq [0,1,1]), RMSNorm, SwiGLU, 3 layers"),
+            description=("Moonlight/DeepSeek-V3 style: Multi-Latent Attention (q_lora_rank None; no "
+                         "latent KV norm: 0.19.2 cannot build it from the local spec) + MoE with shared "
+                         "experts and the grouped-GEMM flag, first layer dense (moe_layer_freq "
+                         "[0,1,1]), RMSNorm, SwiGLU, 3 layers"),
             config_kwargs={**_COMMON, **_MOE, "num_layers": 3, "ffn_hidden_size": 128,
                            "moe_layer_freq": [0, 1, 1], "moe_grouped_gemm": True,
                            "gated_linear_unit": True, "activation_func": torch.nn.functional.silu,

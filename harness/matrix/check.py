@@ -16,22 +16,22 @@ class Disagreement:
     actual: Verdict
 
     def report(self) -> str:
-        def verdict(accepted: bool, rule: str | None, warned: tuple[str, ...]) -> str:
-            text = "accept" if accepted else f"reject [{rule}]"
-            return text + (f" warn {list(warned)}" if warned else "")
+        def verdict(result: Prediction | Verdict) -> str:
+            text = f"accept as {result.effective.as_dict()}" if result.accepted else f"reject [{result.rule}]"
+            return text + (f" warn {list(result.warning_rules)}" if result.warning_rules else "")
 
-        predicted = verdict(self.predicted.accepted, self.predicted.rule, self.predicted.warning_rules)
-        actual = verdict(self.actual.accepted, self.actual.rule, self.actual.warning_rules)
+        predicted, actual = verdict(self.predicted), verdict(self.actual)
         if self.actual.message:
             actual += f": {self.actual.message}"
         return f"config: {self.scenario.describe()}\n  matrix predicts: {predicted}\n  MCore validator: {actual}"
 
 
 def agrees(predicted: Prediction, actual: Verdict) -> bool:
-    return (predicted.accepted, predicted.rule, predicted.warning_rules) == (
+    return (predicted.accepted, predicted.rule, predicted.warning_rules, predicted.effective) == (
         actual.accepted,
         actual.rule,
         actual.warning_rules,
+        actual.effective,
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
 from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
@@ -20,6 +21,7 @@ class Prediction:
     accepted: bool
     rule: str | None  # the first reject-rule that fires
     warning_rules: tuple[str, ...]  # warn-rules that fire before it
+    effective: RecomputeFields | None  # recompute fields after post-init, when accepted
 
 
 class Oracle:
@@ -37,6 +39,12 @@ class Oracle:
             if not rule.predicate(view):
                 continue
             if rule.outcome == "reject":
-                return Prediction(False, rule.id, tuple(warned))
-            warned.append(rule.id)
-        return Prediction(True, None, tuple(warned))
+                return Prediction(False, rule.id, tuple(warned), None)
+            if rule.outcome == "warn":
+                warned.append(rule.id)
+            if rule.rewrite is not None:
+                view = view.with_fields(rule.rewrite(view))
+        effective = RecomputeFields(
+            view.granularity, tuple(view.modules), view["recompute_method"], view["recompute_num_layers"]
+        )
+        return Prediction(True, None, tuple(warned), effective)

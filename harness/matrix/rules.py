@@ -3,9 +3,10 @@
 One ``Rule`` per constraint. Rules the TransformerConfig validator enforces carry a ``predicate``
 (when it fires, over a ``ConfigView``) and a ``message`` pattern (how to recognize MCore's own
 message); they are listed in the order ``__post_init__`` checks them, because the first rule that
-fires is the one MCore reports. Rules enforced elsewhere (layer build, runtime, Bridge) and the
-validator's silent acceptances are documented here too, and are tested by the unit tests instead
-of the differential check.
+fires is the one MCore reports; a rule with a ``rewrite`` mirrors a field ``__post_init__`` changes
+on the way, which the rules after it see. Rules enforced elsewhere (layer build, runtime, Bridge)
+and the validator's silent acceptances are documented here too, and are tested by the unit tests
+(tests/unit/test_config_semantics.py) instead of the differential check.
 
 Rule ids are stable: goldens, reports and ``validate --json`` name rules by id.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from harness.matrix.view import ConfigView
 
@@ -50,6 +51,8 @@ class Rule:
     predicate: Callable[[ConfigView], bool] | None = None
     message: str | None = None  # regex found in MCore's message (validator rules only)
     raises: str | None = None  # MCore's exception type: AssertionError rules vanish under python -O
+    # Fields ``__post_init__`` rewrites when the rule fires; later rules see the rewritten values.
+    rewrite: Callable[[ConfigView], dict[str, Any]] | None = None
 
     @property
     def differential(self) -> bool:
@@ -179,6 +182,22 @@ RULES: tuple[Rule, ...] = (
          "reject", VALIDATOR, SKILL,
          lambda c: _fp8_output_discard(c) and not c.te_at_least(TE_MIN_FOR_FP8_OUTPUT_DISCARD),
          r"moe_act and layernorm recompute for fp8 needs transformer-engine", "ValueError"),
+    # --- the deprecated moe_layer_recompute flag: becomes selective + moe after the label checks ---
+    Rule("legacy.moe-layer-recompute-deprecated", ("moe_layer_recompute",),
+         "moe_layer_recompute set", "warn", VALIDATOR, MCORE_CONFIG,
+         lambda c: c["moe_layer_recompute"], r"--moe-layer-recompute is deprecated"),
+    Rule("legacy.moe-layer-recompute-vs-full", ("moe_layer_recompute", "recompute_granularity"),
+         "moe_layer_recompute with full granularity", "reject", VALIDATOR, MCORE_CONFIG,
+         lambda c: c["moe_layer_recompute"] and c.granularity == "full",
+         r"Do not set --moe-layer-recompute with full recompute granularity", "ValueError"),
+    Rule("legacy.moe-layer-recompute-becomes-selective-moe",
+         ("moe_layer_recompute", "recompute_granularity", "recompute_modules"),
+         "moe_layer_recompute: granularity becomes selective and 'moe' is appended, after the label checks "
+         "ran (so labels given with granularity None are never validated)", "silently-ignored", VALIDATOR,
+         MCORE_CONFIG,
+         lambda c: c["moe_layer_recompute"],
+         rewrite=lambda c: {"recompute_granularity": "selective",
+                            "recompute_modules": c.modules + ([] if "moe" in c.modules else ["moe"])}),
     Rule("moe.fp8-needs-te", ("num_moe_experts", "fp8", "transformer_engine"),
          f"MoE under FP8 with Transformer Engine < {TE_MIN_FOR_MOE_FP8}", "reject", VALIDATOR, MCORE_CONFIG,
          lambda c: bool(c["num_moe_experts"]) and bool(c["fp8"]) and not c.te_at_least(TE_MIN_FOR_MOE_FP8),

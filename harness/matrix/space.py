@@ -39,6 +39,7 @@ RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset({
     ("cpu_offloading", "True"),
     ("cpu_offloading", "all-layers"),
     ("precision", "fp32"),
+    ("moe_layer_recompute", "True"),
 })
 RARE_CHANCE = 0.1
 
@@ -124,6 +125,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         **_values("cpu_offloading", False, True),
         "all-layers": {"cpu_offloading": True, "cpu_offloading_num_layers": 4},
     },
+    "moe_layer_recompute": _values("moe_layer_recompute", False, True),
     "attention_dropout": _values("attention_dropout", 0.0, 0.1),
     "hidden_dropout": _values("hidden_dropout", 0.0, 0.1),
     "moe_input_jitter_eps": _values("moe_input_jitter_eps", None, 0.01),

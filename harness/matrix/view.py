@@ -38,6 +38,10 @@ class ConfigView:
         experts = self["num_moe_experts"]
         self.is_moe = experts is not None and experts > 1
 
+    def with_fields(self, overrides: Mapping[str, Any]) -> "ConfigView":
+        """The view after ``__post_init__`` rewrote some fields."""
+        return ConfigView({**self._fields, **overrides}, self._defaults, self.accepted_labels, str(self.te_version))
+
     def __getitem__(self, name: str) -> Any:
         return self._fields[name] if name in self._fields else self._defaults[name]
 

@@ -10,6 +10,7 @@ the child first and collects it last.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import selectors
@@ -40,14 +41,20 @@ class IsolatedProbe:
     """A started child process measuring one row; ``outcome()`` waits for it (bounded)."""
 
     def __init__(self, model: str, row: ProbeRow, *, timeout_s: float, startup_timeout_s: float = 120.0,
-                 seed: int = 1234) -> None:
+                 seed: int = 1234, seq_length: int | None = None, micro_batch_size: int | None = None) -> None:
+        self.model = model
         self.row = row
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
+        # The child also ends itself past its whole budget, so a parent that dies never leaves it hanging.
+        lifetime_s = startup_timeout_s + timeout_s + 30
         command = [sys.executable, "-m", "harness.probe.isolate", "--model", model, "--seed", str(seed),
-                   "--fields", json.dumps(row.fields.as_dict())]
+                   "--fields", json.dumps(row.fields.as_dict()), "--lifetime", str(lifetime_s)]
         if row.add_bias_linear:
             command.append("--add-bias-linear")
+        for flag, value in (("--seq-length", seq_length), ("--micro-batch-size", micro_batch_size)):
+            if value is not None:
+                command += [flag, str(value)]
         env = {key: value for key, value in os.environ.items()
                if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         # stderr goes to a file: a chatty child must never block on a full pipe (a false "hang").
@@ -65,7 +72,7 @@ class IsolatedProbe:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                self._kill()
+                self.kill()
                 phase = "measurement" if ready_at else "setup"
                 limit = self.timeout_s if ready_at else self.startup_timeout_s
                 return IsolatedOutcome("hang", f"no result {limit:.0f} s into {phase}; process group killed")
@@ -87,7 +94,10 @@ class IsolatedProbe:
             return IsolatedOutcome("crash", f"exit {self.process.returncode}: {tail[0]}")
         return IsolatedOutcome("completed", "", payload)
 
-    def _kill(self) -> None:
+    def kill(self) -> None:
+        """SIGKILL the child's whole process group (it runs in its own session)."""
+        if self.process.poll() is not None:
+            return
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -101,7 +111,13 @@ def _child(argv: list[str]) -> int:
     parser.add_argument("--fields", required=True)
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--add-bias-linear", action="store_true")
+    parser.add_argument("--seq-length", type=int)
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--lifetime", type=float, required=True)
     args = parser.parse_args(argv)
+    faulthandler.dump_traceback_later(args.lifetime, exit=True)
+    sizes = {key: value for key, value in (("seq_length", args.seq_length),
+                                           ("micro_batch_size", args.micro_batch_size)) if value is not None}
 
     from harness.cpu.adapter import init_cpu_parallel_state
     from harness.probe.runner import measure_row_pair
@@ -109,7 +125,7 @@ def _child(argv: list[str]) -> int:
     init_cpu_parallel_state(seed=args.seed)
     row = ProbeRow(RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear)
     print(READY, flush=True)
-    payload = measure_row_pair(args.model, row, seed=args.seed)
+    payload = measure_row_pair(args.model, row, seed=args.seed, **sizes)
     print(RESULT + json.dumps(payload), flush=True)
     return 0
 

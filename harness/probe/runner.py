@@ -7,8 +7,12 @@ may hang run isolated (harness.probe.isolate), started before and collected afte
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import os
+import sys
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,7 +20,9 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.cpu.models import build_model, style_model
+from harness.cpu.models import StyleModel, build_model, style_model
+from harness.errors import EXIT_FAILED
+from harness.probe.isolate import IsolatedProbe
 from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, ProbeRow, plan_rows
 from harness.probe.status import (
@@ -25,6 +31,10 @@ from harness.probe.status import (
 )
 
 DEFAULT_HANG_TIMEOUT_S = 10.0
+DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
+# The deadlock row is about MCore's CheckpointFunction, not a model's shape, and each isolated child
+# pays a fresh torch + MCore import: it runs on the dense model only.
+HANG_PROBE_MODELS = ("dense-tiny",)
 
 
 @dataclass
@@ -136,6 +146,27 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
 
 
 @contextlib.contextmanager
+def watchdog(timeout_s: float, what: str, cleanup: Callable[[], None]) -> Iterator[None]:
+    """In-process rows are not expected to hang; if one does (after an MCore bump), say which, dump
+    every thread's stack, run ``cleanup`` (kill isolated children) and end the process rather than
+    hang the suite. A deadlocked autograd engine releases the GIL, so the timer thread runs."""
+    def fire() -> None:
+        sys.stderr.write(f"recompute-harness: error: hang: {what} ran past {timeout_s:.0f} s; "
+                         "stacks follow, exiting\n")
+        faulthandler.dump_traceback(all_threads=True)
+        cleanup()
+        os._exit(EXIT_FAILED)
+
+    timer = threading.Timer(timeout_s, fire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+
+
+@contextlib.contextmanager
 def single_thread() -> Iterator[None]:
     """Tiny matmuls run ~5x faster on one intra-op thread here: OpenMP workers spin against the
     isolated child and other jobs on a 2-core box. Counts and bitwise verdicts do not depend on it."""
@@ -147,45 +178,58 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def measure_row_pair(model: str, row: ProbeRow, *, seed: int = 1234) -> dict[str, Any]:
+def measure_row_pair(model: str, row: ProbeRow, *, seed: int = 1234, **sizes: Any) -> dict[str, Any]:
     """Control + row in one go (the isolated child's job), as JSON-ready data."""
     with single_thread():
-        base = baseline(model, add_bias_linear=row.add_bias_linear, seed=seed)
-        return measure_row(model, row, base, seed=seed).as_dict()
+        base = baseline(model, add_bias_linear=row.add_bias_linear, seed=seed, **sizes)
+        return measure_row(model, row, base, seed=seed, **sizes).as_dict()
 
 
 def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = None, *,
-                 hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, hang_probe: bool = True, seed: int = 1234,
+                 hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, hang_probe: bool = True,
+                 row_timeout_s: float = DEFAULT_ROW_TIMEOUT_S, seed: int = 1234,
                  seq_length: int | None = None, micro_batch_size: int | None = None) -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
-    (``hang_probe=False`` leaves them out)."""
-    from harness.probe.isolate import IsolatedProbe
-
+    (``hang_probe=False`` leaves them out), every other row in this process under a watchdog."""
     styles = [style_model(name) for name in models]
     sizes = {key: value for key, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size))
              if value is not None}
     rows = plan_rows(label_sets, hang_probe=hang_probe)
-    # Only the first model gets the deadlock probe: it is about MCore's checkpoint, not the model.
-    isolated = {
-        style.name: [IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed)
-                     for row in rows if row.may_hang and style.name == models[0] and not sizes]
-        for style in styles
-    }
-    init_cpu_parallel_state(seed=seed)
-    probes = []
-    with single_thread():
-        for style in styles:
-            base = baseline(style.name, seed=seed, **sizes)
-            results = [measure_row(style.name, row, base, seed=seed, **sizes) for row in rows if not row.may_hang]
-            probes.append(ModelProbe(style.name, style.description,
-                                     sizes.get("seq_length", style.seq_length),
-                                     sizes.get("micro_batch_size", style.micro_batch_size), results))
-    for probe in probes:
-        for child in isolated[probe.model]:
-            outcome = child.outcome()
-            if outcome.payload is not None:
-                probe.rows.append(RowResult.from_dict(outcome.payload))
-            else:  # "hang", or "crash" when the child died
-                probe.rows.append(RowResult(child.row.label, child.row.fields, child.row.add_bias_linear,
-                                            outcome.status, outcome.message))
-    return probes
+    children = [IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
+                for style in styles if style.name in HANG_PROBE_MODELS for row in rows if row.may_hang]
+
+    def kill_children() -> None:
+        for child in children:
+            child.kill()
+
+    try:
+        init_cpu_parallel_state(seed=seed)
+        with single_thread():
+            probes = {style.name: _probe_in_process(style, [row for row in rows if not row.may_hang], seed=seed,
+                                                    sizes=sizes, row_timeout_s=row_timeout_s, cleanup=kill_children)
+                      for style in styles}
+        for child in children:
+            probes[child.model].rows.append(_isolated_row(child))
+    finally:
+        kill_children()
+    return list(probes.values())
+
+
+def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, sizes: dict[str, int],
+                      row_timeout_s: float, cleanup: Callable[[], None]) -> ModelProbe:
+    with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
+        base = baseline(style.name, seed=seed, **sizes)
+    results = []
+    for row in rows:
+        with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
+            results.append(measure_row(style.name, row, base, seed=seed, **sizes))
+    return ModelProbe(style.name, style.description, sizes.get("seq_length", style.seq_length),
+                      sizes.get("micro_batch_size", style.micro_batch_size), results)
+
+
+def _isolated_row(child: IsolatedProbe) -> RowResult:
+    outcome = child.outcome()
+    if outcome.payload is not None:
+        return RowResult.from_dict(outcome.payload)
+    # "hang", or "crash" when the child died
+    return RowResult(child.row.label, child.row.fields, child.row.add_bias_linear, outcome.status, outcome.message)

@@ -5,7 +5,8 @@ timeout) before every rank finished is a ``hang`` at the furthest-behind rank's 
 decides: the ranks' error lines (written by the worker with the phase it was in), falling back to
 torchrun's per-rank ``error.json`` files. A peer's loss ("connection closed", "communicator aborted")
 is a consequence, never the root, when another rank reports its own error. The root error's kind:
-an out-of-memory message -> ``oom``; a non-finite loss -> ``nan``; anything else -> ``crash``. A run
+an out-of-memory message -> ``oom``; a collective timeout -> ``hang``; a non-finite loss -> ``nan``;
+anything else -> ``crash``. A run
 that exits cleanly with every iteration reported on every rank is ``completed``.
 
 Against the matched control: a failed row that got further than a failed ``[]`` control is
@@ -24,10 +25,14 @@ from harness.run.events import RankEvidence
 from harness.run.launch import TORCHRUN_DIR, LaunchResult
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
+# Ours (the mcore loop's NonFiniteLoss) and Megatron's NaN checks on the loss (Bridge's rerun state machine).
+NAN_MARKERS = ("non-finite loss", "nan in local forward loss", "found nan", "loss is nan")
 PEER_LOSS_MARKERS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "communicator was aborted",
-    "nccl communicator", "socket timeout", "watchdog", "terminated with signal",
+    "terminated with signal",
 )
+# A collective that timed out waited for a rank that never came: a hang, seen from the waiting side.
+HANG_MARKERS = ("timed out", "collective operation timeout")
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,9 @@ def error_kind(type_name: str | None, message: str) -> str:
     text = f"{type_name or ''}: {message}".lower()
     if any(marker in text for marker in OOM_MARKERS):
         return "oom"
-    if type_name in ("NonFiniteLoss", "FloatingPointError") or "non-finite loss" in text:
+    if any(marker in text for marker in HANG_MARKERS):
+        return "hang"
+    if type_name in ("NonFiniteLoss", "FloatingPointError") or any(marker in text for marker in NAN_MARKERS):
         return "nan"
     return "crash"
 

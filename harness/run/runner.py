@@ -161,7 +161,7 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
     slug = row_slug(row)
     row_dir = directory / "rows" / slug
     row_dir.mkdir(parents=True)
-    spec = {"recipe": {**recipe.as_dict(), "stall_timeout_s": stall_timeout_s}, "row": row}
+    spec = {"recipe": {**recipe.as_dict(), "timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s}, "row": row}
     write_json_atomic(row_dir / SPEC_FILE, spec)
     if progress is not None:
         progress.row_started(row)

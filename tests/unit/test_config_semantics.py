@@ -169,3 +169,11 @@ def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
                      "moe_grouped_gemm": True}).accepted
     switches = build("moonlight-tiny", RecomputeFields.selective("moe_act"))
     assert switches and not any(switches.values())
+
+
+def test_legacy_moe_layer_recompute_becomes_selective_moe_after_the_label_checks():
+    verdict = validate({**_fields(modules=("not_a_label",)), "moe_layer_recompute": True})
+    # The unknown label is never checked: granularity was None when the label rules ran.
+    assert verdict.accepted and verdict.warning_rules == ("legacy.moe-layer-recompute-deprecated",)
+    assert verdict.effective == RecomputeFields("selective", ("not_a_label", "moe"))
+    assert RULES_BY_ID["legacy.moe-layer-recompute-becomes-selective-moe"].outcome == "silently-ignored"

@@ -47,6 +47,13 @@ def test_golden_diff_is_readable_per_label(probes, tmp_path):
     assert len(problems) == 2
 
 
+def test_rows_survive_the_isolated_childs_json(probes):
+    from harness.probe.runner import RowResult
+
+    for row in probes["moonlight-tiny"].rows:
+        assert RowResult.from_dict(json.loads(json.dumps(row.as_dict()))) == row
+
+
 def test_records_are_cpu_probe_run_records(probes):
     records = probe_records(probes["dense-tiny"])
     assert {record["kind"] for record in records} == {"cpu-probe"}

@@ -13,6 +13,7 @@ from harness.cli import main
     (["probe", "--model", "dense-tiny", "--seq-length", "0"], "--seq-length must be in"),
     (["probe", "--model", "dense-tiny", "--micro-batch-size", "many"], "invalid int value"),
     (["probe", "--all", "--modules", "core_attn", "--check-golden"], "goldens cover the full probe matrix"),
+    (["probe", "--all", "--hang-timeout", "-1"], "--hang-timeout must be in (0, 600] seconds"),
     (["probe"], "one of the arguments --model --all --list is required"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -110,6 +110,15 @@ def test_root_error_wins_over_the_peer_that_lost_its_connection(tmp_path):
     assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("oom", 3, "backward", (1,))
 
 
+def test_a_collective_timeout_is_a_hang_seen_from_the_waiting_rank(tmp_path):
+    ranks = [_rank(0, 2, "grad-sync", errors=[{"t": 1.0, "iteration": 2, "phase": "grad-sync", "type": "DistBackendError",
+                                               "message": "[gloo] Timed out waiting 60000ms for recv operation"}]),
+             _rank(1, 2, "backward")]
+    outcome = classify(ranks, LaunchResult([1], 61.0, "token"), train_iters=4, row_dir=tmp_path,
+                       stall_timeout_s=300, timeout_s=600)
+    assert (outcome.status, outcome.iteration, outcome.phase) == ("hang", 2, "grad-sync")
+
+
 def test_a_stopped_row_is_a_hang_at_the_rank_furthest_behind(tmp_path):
     ranks = [_rank(0, 2, "grad-sync"), _rank(1, 2, "backward")]
     outcome = classify(ranks, LaunchResult([-15], 9.0, "token", "stall"), train_iters=4, row_dir=tmp_path,

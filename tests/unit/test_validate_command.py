@@ -53,6 +53,7 @@ def test_set_coerces_by_field_type(capsys):
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--set", "no_such_field=1"], "has no field"),
+    (["--set", "q_lora_rank=8"], "multi_latent_attention=true"),
     (["--set", "num_layers=four"], "num_layers"),
     (["--set", "hidden_dropout"], "field=value"),
     (["--set", "bf16=maybe"], "true or false"),
