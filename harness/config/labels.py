@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.revisions import collect_revisions, megatron_core_root
+from harness.errors import UsageError
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 MANIFEST_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "labels"
@@ -58,9 +59,9 @@ def accepted_labels() -> frozenset[str]:
     """Every recompute label the installed validator accepts under selective granularity."""
     unknown_message = _rejection([_SENTINEL])
     if unknown_message is None or _SENTINEL not in unknown_message:
-        raise RuntimeError(
-            "Megatron Core accepted a made-up recompute label (or did not name it when rejecting it): "
-            f"label discovery cannot tell known labels from unknown ones; MCore said: {unknown_message!r}"
+        raise UsageError(
+            "the installed Megatron Core accepted a made-up recompute label (or did not name it when "
+            f"rejecting it), so known labels cannot be told from unknown ones; MCore said: {unknown_message!r}"
         )
     return frozenset(
         label
@@ -100,9 +101,12 @@ def write_manifest(directory: Path = MANIFEST_DIR) -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    manifest = json.loads(path.read_text())
-    if manifest.get("schema") != MANIFEST_SCHEMA:
-        raise ValueError(f"{path} is not a label manifest (schema {manifest.get('schema')!r})")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: unreadable label manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
+        raise UsageError(f"{path} is not a label manifest (schema {MANIFEST_SCHEMA!r} expected)")
     return manifest
 
 

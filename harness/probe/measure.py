@@ -37,7 +37,6 @@ class Measurement:
     backward_flops: int
     replay_bytes: int
     replay_ops: int
-    replay_flops: int = 0
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -103,13 +102,12 @@ class _SavedTensors:
 
 
 class _ReplayCounter(TorchDispatchMode):
-    """Bytes read + written (and FLOPs) by ops that run with grad mode on, i.e. replayed forward ops."""
+    """Bytes read + written by ops that run with grad mode on during backward: replayed forward ops."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes = 0
         self.ops = 0
-        self.flops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -46,7 +46,7 @@ def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
         context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.expert_tp,
+        expert_tensor_parallel_size=layout.expert_tp, distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
     )
     torch.manual_seed(SEED)
     model_parallel_cuda_manual_seed(SEED)

@@ -16,7 +16,7 @@ Against the matched control: a failed row that got further than a failed ``[]`` 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,15 @@ def _first_line(message: str) -> str:
 
 def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: int, row_dir: Path,
              stall_timeout_s: float, timeout_s: float) -> Outcome:
+    outcome = _classify(ranks, launch, train_iters, row_dir, stall_timeout_s, timeout_s)
+    if launch.killed_leftovers:
+        outcome = replace(outcome, message=f"{outcome.message}; killed {len(launch.killed_leftovers)} process(es) "
+                                           "that outlived torchrun")
+    return outcome
+
+
+def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int, row_dir: Path,
+              stall_timeout_s: float, timeout_s: float) -> Outcome:
     unfinished = [rank for rank in ranks if not rank.done]
     if launch.stopped is not None and unfinished:
         return _hang(ranks, launch, stall_timeout_s, timeout_s)

@@ -226,6 +226,10 @@ def check_recipe(recipe: Recipe) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
     check_layout(recipe.parallelism, recipe.world_size, where)
+    layout = recipe.parallelism
+    if recipe.backend == "mcore" and (layout.tp, layout.pp, layout.cp, layout.vpp) != (1, 1, 1, None):
+        raise UsageError(f"{where}: the mcore back end's loop covers data and expert parallel only "
+                         "(TP, PP, CP must be 1; use the bridge back end)")
     dp = recipe.parallelism.data_parallel(recipe.world_size)
     if recipe.global_batch_size % (recipe.micro_batch_size * dp):
         raise UsageError(

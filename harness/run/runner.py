@@ -15,6 +15,8 @@ first launch.
 
 from __future__ import annotations
 
+import shlex
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -98,9 +100,6 @@ def check_launchable(recipe: Recipe, faults: list[Fault], launcher: Launcher = L
         host, _, port = (launcher.rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit():
             raise UsageError("the slurm launcher needs --rdzv-endpoint HOST:PORT (the job's first node)")
-    if recipe.backend == "mcore" and (recipe.parallelism.tp, recipe.parallelism.pp, recipe.parallelism.cp) != (1, 1, 1):
-        raise UsageError(f"recipe {recipe.name!r}: the mcore back end's loop covers data and expert parallel only "
-                         "(TP, PP and CP must be 1; use the bridge back end)")
     if recipe.device == "cuda":
         import torch
 
@@ -176,7 +175,9 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
                        stall_timeout_s=stall_timeout_s, timeout_s=timeout_s)
     if row != CONTROL_ROW:
         outcome = against_control(outcome, control)
-    record = build_record(recipe, row, ranks, outcome)
+    provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",
+                  "command": shlex.join(sys.argv), "notes": f"evidence: {row_dir}"}
+    record = build_record(recipe, row, ranks, outcome, provenance=provenance)
     record_path = directory / "records" / f"{slug}.json"
     write_record(record_path, record)
     if progress is not None:

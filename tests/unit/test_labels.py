@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from harness.cli import main
 from harness.config.labels import REFRESH_COMMAND, accepted_labels, manifest_problem, write_manifest
 from harness.config.validate import validate
+from harness.errors import UsageError
 
 
 def test_every_discovered_label_passes_the_unknown_label_rule():
@@ -43,6 +46,13 @@ def test_new_fingerprint_is_compared_with_the_newest_manifest(tmp_path):
     path.rename(tmp_path / "0000000000000000.json")
     problem = manifest_problem(tmp_path)
     assert "no label manifest for Megatron Core fingerprint" in problem and "labels unchanged" in problem
+
+
+def test_corrupt_manifest_is_a_usage_error(tmp_path):
+    path = write_manifest(tmp_path)
+    path.write_bytes(b"{not json")
+    with pytest.raises(UsageError, match="unreadable label manifest"):
+        manifest_problem(tmp_path)
 
 
 def test_labels_command(capsys):

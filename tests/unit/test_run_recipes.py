@@ -12,7 +12,9 @@ from harness.run.classify import Outcome, against_control, classify
 from harness.run.events import RankEvidence
 from harness.run.faults import parse_fault
 from harness.run.launch import LaunchResult, local_commands, slurm_command
-from harness.run.recipes import Parallelism, Recipe, check_layout, check_packages, load_recipe, parse_row, recipe_names
+from harness.run.recipes import (
+    Parallelism, Recipe, check_layout, check_packages, check_recipe, load_recipe, parse_row, recipe_names, with_world,
+)
 from harness.run.slurm import SlurmOptions, sbatch_script
 
 
@@ -58,9 +60,14 @@ def test_unknown_recipe_and_missing_package_are_one_line_errors():
         check_packages(Recipe.from_dict(values))
 
 
-def test_batch_must_split_over_data_parallel():
-    from harness.run.recipes import with_world
+def test_mcore_backend_refuses_tensor_parallel():
+    values = load_recipe("cpu-moonlight-ep2").as_dict()
+    values["parallelism"] = {**values["parallelism"], "tp": 2, "ep": 1}
+    with pytest.raises(UsageError, match="data and expert parallel only"):
+        check_recipe(Recipe.from_dict(values))
 
+
+def test_batch_must_split_over_data_parallel():
     with pytest.raises(UsageError, match="global batch 4 is not a multiple of micro batch 2 x data parallel 4"):
         with_world(load_recipe("cpu-moonlight-ep2"), nproc_per_node=4)
 
