@@ -29,9 +29,11 @@ def main() -> int:
         print()
     rows = sum(len(probe.rows) for probe in probes)
     load = os.getloadavg()
+    times = os.times()
+    cpu_s = times.user + times.system + times.children_user + times.children_system
     print(f"probe matrix: {len(probes)} models, {rows} rows, {elapsed:.1f} s wall "
           f"(imports {imported:.1f} s), target {TARGET_S:.0f} s: {'PASS' if elapsed <= TARGET_S else 'FAIL'}; "
-          f"load average {load[0]:.2f} on {os.cpu_count()} CPUs")
+          f"{cpu_s:.1f} CPU s incl. the isolated child; load average {load[0]:.2f} on {os.cpu_count()} CPUs")
     return 0 if elapsed <= TARGET_S else 1
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from harness.compare.comparator import compare_records
 from harness.probe.runner import ModelProbe, RowResult
-from harness.probe.status import HANG, REJECTED
+from harness.probe.status import HANG, REJECTED, Equivalence
+from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
+from harness.record.golden import golden_filename, golden_from_records, load_golden, pins_of, write_golden
 
 GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "cpu"
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
@@ -22,22 +25,21 @@ def recipe_name(model: str) -> str:
     return f"cpu-probe-{model}"
 
 
-def row_metrics(row: RowResult) -> dict[str, int]:
-    from harness.record.build import cpu_probe_metrics
+def _not_bitwise(equivalence: Equivalence) -> int:
+    """How many of (loss, every parameter gradient) are not bit-identical to the control's."""
+    return equivalence.differing_grads + (0 if equivalence.loss_equal else 1)
 
+
+def row_metrics(row: RowResult) -> dict[str, int]:
     return cpu_probe_metrics(
         retained_bytes=row.retained_bytes, backward_flops=row.backward_flops, replay_bytes=row.replay_bytes,
-        replay_ops=row.replay_ops,
-        differing_grads=row.equivalence.differing_grads + (0 if row.equivalence.loss_equal else 1),
-        dropout_differing_grads=row.dropout_equivalence.differing_grads
-        + (0 if row.dropout_equivalence.loss_equal else 1),
+        replay_ops=row.replay_ops, not_bitwise_values=_not_bitwise(row.equivalence),
+        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence),
     )
 
 
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
-    from harness.record.build import hardware, new_record, outcome, parallelism, workload
-
     records = []
     for row in probe.rows:
         if row.status in (REJECTED, HANG) or not row.measured or row.add_bias_linear:
@@ -60,15 +62,11 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
 
 
 def golden_path(model: str, records: list[dict[str, Any]], directory: Path = GOLDEN_DIR) -> Path:
-    from harness.record.golden import golden_filename, pins_of
-
     return directory / golden_filename(recipe_name(model), CPU_HARDWARE, pins_of(records[0]))
 
 
 def write_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> Path:
     """Write (atomically) the golden for this model and the installed revisions."""
-    from harness.record.golden import golden_from_records, write_golden
-
     records = probe_records(probe)
     path = golden_path(probe.model, records, directory)
     golden = golden_from_records(records, {"source": "cpu probe run", "written_by": REFRESH_COMMAND})
@@ -79,9 +77,6 @@ def write_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> Path:
 
 def check_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> tuple[Path, list[str]]:
     """(golden path, problems): one readable line per changed value; empty when everything matches."""
-    from harness.compare.comparator import compare_records
-    from harness.record.golden import load_golden
-
     records = probe_records(probe)
     path = golden_path(probe.model, records, directory)
     if not path.is_file():

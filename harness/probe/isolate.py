@@ -40,7 +40,7 @@ class IsolatedOutcome:
 class IsolatedProbe:
     """A started child process measuring one row; ``outcome()`` waits for it (bounded)."""
 
-    def __init__(self, model: str, row: ProbeRow, *, timeout_s: float, startup_timeout_s: float = 120.0,
+    def __init__(self, model: str, row: ProbeRow, *, timeout_s: float, startup_timeout_s: float = 300.0,
                  seed: int = 1234, seq_length: int | None = None, micro_batch_size: int | None = None) -> None:
         self.model = model
         self.row = row

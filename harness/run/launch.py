@@ -2,9 +2,9 @@
 
 torchrun is started as a subprocess in a session (process group) of its own, with every rank's
 stdout/stderr and its ``error.json`` (``TORCHELASTIC_ERROR_FILE``) under ``ROW_DIR/torchrun/``. A row
-is stopped when it runs past its timeout, or when, after every rank has started reporting, no rank
-has reported anything for the stall timeout (a hung rank leaves the others blocked in a collective: that is a hang, not a slow step).
-Stopping sends SIGTERM to torchrun's group (torchrun then terminates its workers), then SIGKILL; as a
+is stopped when it runs past its timeout, or when, once every rank is training, no rank has
+reported anything for the stall timeout (a hung rank leaves the others blocked in a collective:
+that is a hang, not a slow step). Stopping sends SIGTERM to torchrun's group (torchrun then terminates its workers), then SIGKILL; as a
 last resort every process that still carries this row's job token in its environment is killed by
 pid. Several "nodes" on one host (a multi-node rendezvous on localhost) are several torchrun
 processes joined by a c10d rendezvous on 127.0.0.1.
@@ -164,9 +164,9 @@ def run_row(
             ranks = read_row(row_dir, world_size)
             if on_poll is not None:
                 on_poll(ranks, elapsed)
-            # The stall clock runs once every rank has reported (imports and rendezvous before
-            # that are bounded by the row timeout and torchrun's own join timeout).
-            watching = all(rank.started for rank in ranks)
+            # The stall clock runs once every rank is training (iteration >= 1): imports, rendezvous
+            # and model build are bounded by the row timeout (and torchrun's own join timeout).
+            watching = all(rank.started and rank.iteration >= 1 for rank in ranks)
             if elapsed > timeout_s:
                 stopped = "timeout"
             elif watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s:

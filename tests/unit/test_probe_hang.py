@@ -12,6 +12,7 @@ from harness.probe.plan import ProbeRow
 def test_selective_mlp_with_biases_is_reported_as_hang():
     # MCore 0.19.2 deadlocks in CheckpointFunction.backward for selective `mlp` with biases. When an
     # upstream fix lands this test fails: the row then completes, and the probe reports it measured.
+    # The child's start-up (torch + MCore import) has its own, generous limit: a loaded CI box is slow.
     probe = IsolatedProbe("dense-tiny", ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True),
                           timeout_s=3)
     outcome = probe.outcome()

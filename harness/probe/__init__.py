@@ -1,0 +1,1 @@
+"""Per-label CPU measurements: plan → measure → classify → table / records / goldens."""
