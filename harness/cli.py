@@ -12,6 +12,7 @@ import importlib
 import sys
 
 from harness.errors import EXIT_USAGE, UsageError
+from harness.noise import silence_known_noise
 
 # subcommand -> (module under harness.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -63,6 +64,7 @@ def refuse_optimized_python() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    silence_known_noise()
     try:
         refuse_optimized_python()
         args = build_parser(argv).parse_args(argv)

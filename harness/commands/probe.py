@@ -47,9 +47,6 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cpu.noise import silence_known_noise
-
-    silence_known_noise()
     from harness.cpu.models import STYLE_MODELS, style_model
 
     if args.list:

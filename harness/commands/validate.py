@@ -9,6 +9,7 @@ import argparse
 import json
 from typing import Any
 
+from harness.config.fields import RecomputeFields
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
@@ -59,13 +60,8 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     for name, _ in assignments:
         if name in RECOMPUTE_FIELDS:
             raise UsageError(f"--set {name}: use --granularity / --modules / --method / --num-layers")
-    fields: dict[str, Any] = {
-        "recompute_granularity": args.granularity,
-        "recompute_method": args.method,
-        "recompute_num_layers": args.num_layers,
-    }
-    if args.modules is not None:
-        fields["recompute_modules"] = _labels(args.modules)
+    modules = None if args.modules is None else tuple(_labels(args.modules))
+    fields: dict[str, Any] = RecomputeFields(args.granularity, modules, args.method, args.num_layers).as_config_kwargs()
     # multi_latent_attention picks the config class whose field types the other values follow.
     mla = dict(assignments).get("multi_latent_attention")
     if mla is not None:

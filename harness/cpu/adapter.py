@@ -23,7 +23,7 @@ test_cpu_adapter.py`` fails when upstream changes any of them):
    then torch caches it.)
 
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
-MCore unmodified). ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world
+MCore unmodified, except that without TE it needs part 3: ``bind_fp8_disabled_without_te()``). ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world
 size 1, or from torchrun's environment) and MCore's model-parallel state on it.
 """
 
@@ -34,7 +34,6 @@ import hashlib
 import inspect
 import logging
 import os
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -150,6 +149,20 @@ def transformer_engine_available() -> bool:
     return bool(mcore_random.HAVE_TE)
 
 
+def bind_fp8_disabled_without_te() -> bool:
+    """Part 3 alone: bind TE's FP8-state names to "FP8 disabled" when TE is absent (True if bound).
+
+    Needed on a GPU without Transformer Engine as much as on CPU: the GPU tier's ``mcore`` back end
+    calls this so the output-discard labels (``layernorm``, ``mla_up_proj``, ``moe_act``) run there.
+    """
+    if transformer_engine_available():
+        return False
+    mcore_random.FP8GlobalStateManager = _FP8Disabled
+    mcore_random.activation_recompute_forward = _activation_recompute_forward_disabled
+    mcore_random.fp8_autocast = _fp8_autocast_disabled
+    return True
+
+
 def enable_cpu_adapter() -> bool:
     """Install the adapter once; returns True when it is active (False on a CUDA machine)."""
     global _enabled
@@ -163,25 +176,12 @@ def enable_cpu_adapter() -> bool:
     mcore_random._get_cuda_rng_state = _cpu_get_rng_state
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
-    if not transformer_engine_available():
-        mcore_random.FP8GlobalStateManager = _FP8Disabled
-        mcore_random.activation_recompute_forward = _activation_recompute_forward_disabled
-        mcore_random.fp8_autocast = _fp8_autocast_disabled
+    bind_fp8_disabled_without_te()
     _enabled = True
     return True
 
 
-@dataclass(frozen=True)
-class ParallelLayout:
-    """Model-parallel sizes for ``initialize_model_parallel`` (product must divide the world size)."""
-
-    tp: int = 1
-    pp: int = 1
-    ep: int = 1
-    cp: int = 1
-
-
-def init_cpu_parallel_state(layout: ParallelLayout = ParallelLayout(), *, seed: int = 1234,
+def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, seed: int = 1234,
                             timeout_s: float = 120.0) -> None:
     """Start gloo + MCore model-parallel state + the RNG tracker on CPU (idempotent).
 
@@ -197,10 +197,10 @@ def init_cpu_parallel_state(layout: ParallelLayout = ParallelLayout(), *, seed: 
             dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=layout.tp,
-            pipeline_model_parallel_size=layout.pp,
-            expert_model_parallel_size=layout.ep,
-            context_parallel_size=layout.cp,
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
+            context_parallel_size=cp,
             create_gloo_process_groups=False,
         )
     reseed(seed)

@@ -36,11 +36,15 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
     if device == "cpu":
-        from harness.cpu.adapter import ParallelLayout, init_cpu_parallel_state
+        from harness.cpu.adapter import init_cpu_parallel_state
 
-        init_cpu_parallel_state(ParallelLayout(tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp),
-                                seed=SEED, timeout_s=timeout_s)
+        init_cpu_parallel_state(tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp, seed=SEED,
+                                timeout_s=timeout_s)
         return
+    from harness.cpu.adapter import bind_fp8_disabled_without_te
+
+    # Without TE, MCore's output-discard checkpoints query TE's FP8 state even in BF16 (NameError).
+    bind_fp8_disabled_without_te()
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s))
     parallel_state.initialize_model_parallel(

@@ -1,7 +1,7 @@
-"""Known, harmless start-up noise of torch + Megatron Core on a CPU box, kept off the terminal.
+"""Known, harmless start-up noise of torch + Megatron Core without CUDA/TE, kept off the terminal.
 
-Each entry is an exact message fragment; anything else still reaches the user. Only the ``probe``
-command installs these filters, so a library caller sees everything.
+Each entry is an exact message fragment; anything else still reaches the user. Only the command line
+installs these filters (before torch is imported), so a library caller sees everything.
 """
 
 from __future__ import annotations
