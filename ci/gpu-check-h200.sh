@@ -7,10 +7,11 @@
 # Prepare on the CPU machine (the device cannot reach any index), then carry build/wheels:
 #   ./venv-run pip download --no-deps --only-binary=:all: -d build/wheels megatron-core==0.19.2 \
 #       rich markdown-it-py mdurl pygments matplotlib contourpy cycler fonttools kiwisolver pillow \
-#       pyparsing python-dateutil six numpy
+#       pyparsing python-dateutil six numpy pyyaml packaging
 #   run(command="bash ci/gpu-check-h200.sh", carry=["build/wheels"], timeout_s=540)
-# Expected without Transformer Engine: mla_up_proj and moe_act rows reach MCore 0.19.2's
-# CheckpointWithoutOutput, which needs TE's FP8 state; if they crash, their records say so (measured).
+# Without Transformer Engine the mcore back end binds TE's FP8-state names to "FP8 disabled"
+# (harness.cpu.adapter.bind_fp8_disabled_without_te), so mla_up_proj runs; moe_act builds
+# SequentialMLP experts without TE and does nothing (the CPU probe's requires-TE): expect no saving.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
