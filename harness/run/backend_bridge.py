@@ -1,21 +1,24 @@
 """The ``bridge`` back end: real Megatron Bridge recipes, shortened, with per-rank metrics of our own.
 
 GPU tier only (Bridge needs Transformer Engine built against CUDA); the runner refuses a bridge
-recipe before launch when ``megatron.bridge`` is not installed. Recipes (Bridge 0.6.x API, read at
-the studied commit 600d069b):
+recipe before launch when ``megatron.bridge`` is not installed, and every Bridge import below is
+made inside the functions that run on the GPU, so this module imports without Bridge. Recipes (the
+Bridge API as read at the studied commit 600d069b; the files used are unchanged on the r0.6.0
+release branch):
 
 - ``nemotron_3_nano``: ``megatron.bridge.recipes.nemotronh.nemotron_3_nano.nemotron_3_nano_pretrain_config``
   with its HuggingFace tokenizer replaced by ``NullTokenizer`` + the explicit vocabulary size (no hub).
 - ``moonlight_16b``: ``moonlight_16b_pretrain_8gpu_h100_bf16_config`` built offline: the recipe's model
-  provider (``AutoBridge.from_hf_pretrained`` on the hub) is swapped, for the duration of the call
-  only, for ``AutoBridge.from_hf_config`` on a DeepSeek-V3 config carrying Moonlight's values
-  (``harness/data/bridge/moonlight-16b-a3b.json``) — the same seam Bridge's own recipe tests use.
+  provider function (``AutoBridge.from_hf_pretrained`` on the hub) is swapped, for the duration of
+  the call only, for ``AutoBridge.from_hf_config`` on a DeepSeek-V3 config carrying Moonlight's
+  values (``harness/data/bridge/moonlight-16b-a3b.json``). (Bridge's own recipe tests keep the build
+  offline by replacing the module's ``AutoBridge`` with a fake instead.)
 
 Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
 data, evaluation off, log every step, checkpoint save/load off (the recipe's default checkpoint
 directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
 the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
-package (DeepEP / HybridEP) is missing — recorded as a note in the run record.
+package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
 
 Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
 callback of ours reports every rank's allocator peaks after every step, the step time, the loss and
@@ -35,9 +38,6 @@ from importlib import resources
 from typing import Any
 
 import torch
-from megatron.bridge.training.callbacks import Callback
-from megatron.bridge.training.gpt_step import forward_step
-from megatron.bridge.training.pretrain import pretrain
 
 from harness.run.instrument import Instrument
 from harness.run.recipes import Parallelism, parse_row
@@ -61,8 +61,14 @@ def phase_from_traceback(exc: BaseException, iteration: int) -> str | None:
     return None
 
 
-class RankMetrics(Callback):
-    """Every rank, every step: phase marks, step time, loss, allocator peaks, TFLOP/s."""
+class RankMetrics:
+    """Every rank, every step: phase marks, step time, loss, allocator peaks, TFLOP/s.
+
+    A plain class so that this module imports without Bridge: ``train`` registers its ``on_*`` methods
+    with Bridge's ``CallbackManager.register`` (the functional form of Bridge's callback API).
+    """
+
+    EVENTS = ("on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end")
 
     def __init__(self, instrument: Instrument, world_size: int) -> None:
         self.instrument = instrument
@@ -159,7 +165,8 @@ def _dispatcher_fallback(cfg: Any, instrument: Instrument) -> None:
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
         return
     backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
-    available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP}.get(backend, True)
+    available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP,
+                 "ncclep": fused_a2a.HAVE_TE_EP}.get(backend, True)
     if not available:
         cfg.model.moe_token_dispatcher_type = "alltoall"
         cfg.model.moe_flex_dispatcher_backend = None
@@ -202,6 +209,11 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument
         if not hasattr(cfg.model, name):
             raise ValueError(f"Bridge's model provider has no field {name!r} (recipe [bridge.model])")
         setattr(cfg.model, name, value)
+    if isinstance(cfg.model.moe_layer_freq, list):
+        # Bridge's DeepSeek-V3 provider spells the dense/MoE pattern as one entry per layer of the full
+        # model (first_k_dense_replace zeros, then ones) and MCore requires len == num_layers: a
+        # shortened model keeps the pattern's first layers.
+        cfg.model.moe_layer_freq = cfg.model.moe_layer_freq[: cfg.model.num_layers]
     recompute = {"recompute_modules": None, **parse_row(row).as_config_kwargs()}  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
@@ -210,13 +222,20 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument
 
 
 def train(spec: dict[str, Any], instrument: Instrument) -> None:
+    from megatron.bridge.training.callbacks import CallbackManager
+    from megatron.bridge.training.gpt_step import forward_step
+    from megatron.bridge.training.pretrain import pretrain
+
     recipe = spec["recipe"]
     world = recipe["nnodes"] * recipe["nproc_per_node"]
     with instrument.phase(0, "model-build"):
         cfg = short_run(RECIPES[recipe["backend_options"]["recipe"]](recipe["backend_options"]), recipe,
                         spec["row"], instrument)
+    metrics, callbacks = RankMetrics(instrument, world), CallbackManager()
+    for event in RankMetrics.EVENTS:
+        callbacks.register(event, getattr(metrics, event))
     try:
-        pretrain(cfg, forward_step, callbacks=[RankMetrics(instrument, world)])
+        pretrain(cfg, forward_step, callbacks=callbacks)
     except BaseException as exc:
         instrument.phase_name = phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
         raise
