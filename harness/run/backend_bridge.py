@@ -38,6 +38,7 @@ from importlib import resources
 from typing import Any
 
 import torch
+from megatron.core.transformer.enums import AttnBackend
 
 from harness.run.instrument import Instrument
 from harness.run.recipes import Parallelism, parse_row
@@ -205,6 +206,8 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument
     cfg.model.virtual_pipeline_model_parallel_size = layout.vpp
     if layout.tp == 1:
         cfg.model.sequence_parallel = False
+    # The record names the attention backend, so the run must use it (Bridge's recipes may leave auto).
+    cfg.model.attention_backend = AttnBackend[recipe["attention_backend"]]
     for name, value in recipe["backend_options"].get("model", {}).items():
         if not hasattr(cfg.model, name):
             raise ValueError(f"Bridge's model provider has no field {name!r} (recipe [bridge.model])")
