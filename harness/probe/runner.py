@@ -27,7 +27,7 @@ from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, ProbeRow, plan_rows
 from harness.probe.status import (
     CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, Equivalence, compare_numerics, requires_te_reason,
-    te_only_labels_missing,
+    sum_order_reason, te_only_labels_missing,
 )
 
 DEFAULT_HANG_TIMEOUT_S = 10.0
@@ -124,6 +124,7 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
     with_dropout.module.load_state_dict(base.state)
     dropout = measure(with_dropout, seed=seed, instrument=False)
 
+    equivalence = compare_numerics(result.loss, result.grads, base.fp32.loss, base.fp32.grads)
     counts = (result.retained_bytes, result.backward_flops, result.replay_bytes)
     control_counts = (base.fp32.retained_bytes, base.fp32.backward_flops, base.fp32.replay_bytes)
     labels = row.fields.modules or ()
@@ -135,11 +136,11 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
     elif counts == control_counts:
         status, reason = INACTIVE, "accepted, but retained bytes, backward FLOPs and replayed bytes equal []"
     else:
-        status, reason = EFFECTIVE, ""
+        status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
     return RowResult(
         row.label, row.fields, row.add_bias_linear, status, reason, None,
         result.retained_bytes, result.backward_flops, result.replay_bytes, result.replay_ops,
-        compare_numerics(result.loss, result.grads, base.fp32.loss, base.fp32.grads),
+        equivalence,
         compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
         result.attribution,
     )

@@ -26,6 +26,19 @@ TE_ONLY_LABELS: dict[str, tuple[str, str]] = {
 }
 
 
+# label -> why its row's gradients differ from []'s in the last bits while the loss is bit-identical.
+# ``layernorm`` (measured on 0.19.2, local spec, torch.nn.RMSNorm): the norm's input x feeds the
+# residual add (gradient r) and, inside RMSNorm's composite backward, two paths (x * rsqrt: a, and
+# x.pow(2): b). Without recompute autograd adds them in arrival order, (r + a) + b. Under
+# CheckpointWithoutOutput the nested ``torch.autograd.backward`` sums a + b first and returns one
+# gradient, so the sum is r + (a + b): fp32 rounding differs. A control whose norms only sit behind a
+# nested backward (no recompute) matches the row bit for bit: tests/unit/test_probe_sum_order.py.
+SUM_ORDER_LABELS: dict[str, str] = {
+    "layernorm": ("fp32 sum order only: CheckpointWithoutOutput's nested backward pre-sums the norm-input "
+                  "gradient, so the residual's is added as r+(a+b), not (r+a)+b"),
+}
+
+
 @dataclass(frozen=True)
 class Equivalence:
     """Loss and parameter gradients of a row against the control's, bit for bit."""
@@ -60,6 +73,13 @@ def compare_numerics(loss: torch.Tensor, grads: dict[str, torch.Tensor],
             differing += 1
             max_diff = max(max_diff, (mine - theirs).abs().max().item())
     return Equivalence(bool(torch.equal(loss, control_loss)), differing, max_diff)
+
+
+def sum_order_reason(labels: tuple[str, ...], equivalence: Equivalence) -> str:
+    """The known sum-order cause of grads-only differences for ``labels`` ("" when bitwise or unexplained)."""
+    if equivalence.bitwise or not equivalence.loss_equal:
+        return ""
+    return "; ".join(f"{label}: {SUM_ORDER_LABELS[label]}" for label in labels if label in SUM_ORDER_LABELS)
 
 
 def te_only_labels_missing(labels: tuple[str, ...], model: torch.nn.Module, have_te: bool) -> list[str]:

@@ -32,7 +32,7 @@ def _equivalence(row: RowResult) -> str:
 def _status(row: RowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in ("hang", "crash", "requires-TE"):
+    if row.status in ("hang", "crash", "requires-TE") or (row.status == "effective" and row.reason):
         return f"{row.status}: {row.reason}"
     return row.status
 
