@@ -14,29 +14,31 @@ import itertools
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.compare.analysis import analyse
 from harness.config.fields import RecomputeFields
+from harness.config.labels import accepted_labels
 from harness.record.build import hardware, iteration_row, new_record, outcome, parallelism, rank_peaks, run_metrics, workload
 from harness.record.io import load_records, write_record
 
-LABELS = ("core_attn", "mla_up_proj", "layernorm", "moe_act", "mlp", "moe", "shared_experts", "gdn_norm_out")
 REVISIONS = {"torch": "2.14.1", "megatron_core": {"version": "0.19.2", "commit": None, "fingerprint": "0" * 16},
              "megatron_bridge": None, "transformer_engine": None, "cuda": None, "driver": None, "python": "3.12"}
 TARGET_S = 2.0
 
 
-def recompute_rows(count: int):
+def recompute_rows() -> Iterator[RecomputeFields]:
     """[] first, then distinct ordered label lists (every row differs in the recompute fields alone)."""
+    labels = sorted(accepted_labels())  # the installed validator's labels, never a typed-in list
     yield RecomputeFields.selective()
-    for size in range(1, len(LABELS) + 1):
-        for modules in itertools.permutations(LABELS, size):
+    for size in range(1, len(labels) + 1):
+        for modules in itertools.permutations(labels, size):
             yield RecomputeFields.selective(*modules)
 
 
 def make_records(directory: Path, count: int) -> None:
-    for i, fields in enumerate(itertools.islice(recompute_rows(count), count)):
+    for i, fields in enumerate(itertools.islice(recompute_rows(), count)):
         rows = [iteration_row(it, step_time_ms=400.0 + i % 97, loss=2.0, tflops_per_gpu=80.0) for it in range(1, 21)]
         ranks = [rank_peaks(r, {it: (30_000_000_000 - i * 1_000_000 + r, 32_000_000_000) for it in range(1, 21)}) for r in range(8)]
         write_record(directory / f"r{i:04d}.json", new_record(

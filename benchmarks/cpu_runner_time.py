@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.run.events import read_row
+from harness.run.events import SPEC_FILE, events_path, read_row
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 
@@ -34,9 +34,9 @@ def main() -> None:
             rows = []
             for result in results:
                 ranks = read_row(result.row_dir, recipe.world_size)
-                spec_written = (result.row_dir / "spec.json").stat().st_mtime
+                spec_written = (result.row_dir / SPEC_FILE).stat().st_mtime
                 start_events = [json.loads(line)["t"] for rank in range(recipe.world_size)
-                                for line in (result.row_dir / "events" / f"rank{rank}.jsonl").read_text().splitlines()[:1]]
+                                for line in events_path(result.row_dir, rank).read_text().splitlines()[:1]]
                 rows.append({
                     "row": result.row, "status": result.outcome.status, "wall_s": round(result.launch.elapsed_s, 2),
                     "launch_to_first_report_s": round(max(start_events) - spec_written, 2),

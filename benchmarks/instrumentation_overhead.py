@@ -20,7 +20,9 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,10 +31,10 @@ class BareInstrument:
     """The worker's instrument with every measurement removed: phases are no-ops."""
 
     @contextlib.contextmanager
-    def phase(self, iteration: int, name: str):
+    def phase(self, iteration: int, name: str) -> Iterator[None]:
         yield
 
-    def loss(self, loss, iteration: int):
+    def loss(self, loss: Any, iteration: int) -> Any:
         return loss
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     spec = {"recipe": recipe, "row": args.row}
     device = recipe["device"]
     with tempfile.TemporaryDirectory() as events_dir:
-        instrument = Instrument(Path(events_dir), 0, device, fault=None)
+        instrument = Instrument(Path(events_dir), 0, device)
         training = build(spec, instrument)
         bare = BareInstrument()
         iteration = 0

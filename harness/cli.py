@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 from harness.errors import EXIT_USAGE, UsageError
 from harness.noise import silence_known_noise
@@ -49,7 +50,7 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
-def _command_module(module_name: str):
+def _command_module(module_name: str) -> ModuleType:
     return importlib.import_module(f"harness.commands.{module_name}")
 
 

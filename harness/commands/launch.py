@@ -45,9 +45,13 @@ def run(args: argparse.Namespace) -> int:
                          workdir=Path.cwd())
     script.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{script.name}.", dir=script.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, script)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, script)
+    except BaseException:  # never leave a half-written temp file next to the script
+        Path(tmp).unlink(missing_ok=True)
+        raise
     print(script)
     return EXIT_OK

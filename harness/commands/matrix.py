@@ -7,6 +7,7 @@ import time
 
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.matrix.rules import RULES, VALIDATOR
+from harness.report.markdown import table
 
 DEFAULT_CHECK_COUNT = 20_000
 
@@ -18,16 +19,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def markdown_table() -> str:
-    lines = [
-        "| id | reads | condition | outcome | enforced in | source | differential |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = []
     for rule in RULES:
         reads = ", ".join(f"`{field}`" for field in rule.reads)
         checked = "yes" if rule.differential else "no (unit tests)" if rule.enforced_in == VALIDATOR else "no"
-        cells = (f"`{rule.id}`", reads, rule.condition, rule.outcome, rule.enforced_in, rule.source, checked)
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append((f"`{rule.id}`", reads, rule.condition, rule.outcome, rule.enforced_in, rule.source, checked))
+    return table(("id", "reads", "condition", "outcome", "enforced in", "source", "differential"), rows)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,6 +9,8 @@ from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S  # light: no torch
+
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--model", help="style model to probe (see --list)")
     target.add_argument("--all", action="store_true", help="probe every style model")
@@ -20,8 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch-size", type=int, help="override the model's micro-batch size")
     parser.add_argument("--attribution", action="store_true", help="also print retained bytes per module")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--hang-timeout", type=float, default=10.0, metavar="S",
-                        help="seconds an isolated probe may run before it is killed and reported as a hang")
+    parser.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S, metavar="S",
+                        help="seconds an isolated probe may measure before it is killed and reported as a hang "
+                             f"(default {DEFAULT_HANG_TIMEOUT_S:g})")
     golden = parser.add_mutually_exclusive_group()
     golden.add_argument("--check-golden", action="store_true",
                         help="compare with the CPU golden of the installed revision (exit 1 on any change)")
@@ -30,8 +33,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _sizes(args: argparse.Namespace) -> dict[str, int]:
     """Model-size overrides, after refusing nonsense values and combinations."""
-    if not 0 < args.hang_timeout <= 600:
-        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = {}
     for name in ("seq_length", "micro_batch_size"):
         value = getattr(args, name)
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{style.name:<16} {style.description}")
         return EXIT_OK
     names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
+    if not 0 < args.hang_timeout <= 600:
+        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
 
     from harness.probe.plan import parse_label_sets

@@ -57,13 +57,14 @@ def run(args: argparse.Namespace) -> int:
         recipe = with_world(recipe, nproc_per_node=args.nproc_per_node)
     faults = [parse_fault(spec) for spec in args.inject_fault]
 
+    from harness.run.launch import sigterm_as_exit
     from harness.run.progress import LiveProgress
     from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
     rows = sweep_rows(recipe, args.rows)
     launcher = Launcher(args.launcher, args.rdzv_endpoint, sys.executable)
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
-    with LiveProgress(recipe.name, rows) as progress:
+    with sigterm_as_exit(), LiveProgress(recipe.name, rows) as progress:
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
                                        stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher)
     print(f"records: {directory / 'records'}")

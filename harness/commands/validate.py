@@ -12,7 +12,7 @@ from typing import Any
 from harness.config.fields import RecomputeFields
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
-RECOMPUTE_FIELDS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
+RECOMPUTE_FIELDS = tuple(RecomputeFields().as_dict())
 SUPERSEDED_RULE = "semantics.full-supersedes-selective"
 
 

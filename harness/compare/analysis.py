@@ -11,9 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
-from harness.record.golden import pins_of
+from harness.record.golden import pins_of, row_label
 from harness.record.schema import PHASES
 
 GB = 1e9
@@ -159,7 +158,7 @@ def _row(record: dict[str, Any], control: dict[str, Any] | None) -> Row:
         if completed(record) and completed(control):
             time_pct = _pct(headline["step_time_ms"], base["step_time_ms"])
     return Row(
-        label=RecomputeFields.from_dict(record["recompute"]).name,
+        label=row_label(record),
         record=record["id"],
         status=record["outcome"]["status"],
         stage=_stage(record["outcome"]),
@@ -250,12 +249,12 @@ def analyse(records: Sequence[dict[str, Any]]) -> Analysis:
 
 def _conclusions(rows: list[Row]) -> list[str]:
     ranked = sorted((row for row in rows if row.rank is not None), key=lambda r: r.rank)
+    first = ranked[0] if ranked else None
     lines = []
     for row in ranked:
         cost = "" if row.time_vs_control_pct is None else f", {row.time_vs_control_pct:+.2f}% step time vs []"
         saving = "" if row.allocated_vs_control_pct is None else f"{row.allocated_vs_control_pct:+.2f}% allocated vs []"
         where = "first choice" if row.rank == 1 else f"choice {row.rank}"
-        first = ranked[0]
         if row.rank > 1 and first.peak_allocated_gb is not None and row.peak_allocated_gb is not None:
             extra = (f" ({(row.peak_allocated_gb - first.peak_allocated_gb) * 1000:+.0f} MB = "
                      f"{_pct(row.peak_allocated_gb, first.peak_allocated_gb):+.2f}% allocated, "

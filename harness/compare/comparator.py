@@ -70,8 +70,9 @@ def identity_differences(golden: dict[str, Any], record: dict[str, Any]) -> list
     for key, value in hardware_of(record).items():
         if value != golden["hardware"][key]:
             differences.append(f"hardware.{key} {golden['hardware'][key]} != {value}")
+    pins = pins_of(record)
     for key, pinned in golden["pins"].items():
-        actual = pins_of(record)[key]
+        actual = pins[key]
         if isinstance(pinned, dict):
             for sub, pinned_value in pinned.items():
                 actual_value = None if not isinstance(actual, dict) else actual.get(sub)

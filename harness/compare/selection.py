@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from harness.compare.analysis import GB, completed, require_matched, width
-from harness.config.fields import RecomputeFields
+from harness.record.golden import row_label
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ def select(records: Sequence[dict[str, Any]], target_gb: float) -> Selection:
     require_matched(records)
     fitting, considered = [], []
     for record in records:
-        label = RecomputeFields.from_dict(record["recompute"]).name
+        label = row_label(record)
         peak = record["metrics"]["headline"]["peak_allocated_bytes"]
         if not completed(record):
             considered.append((label, f"did not complete ({record['outcome']['status']})"))
@@ -43,13 +43,12 @@ def select(records: Sequence[dict[str, Any]], target_gb: float) -> Selection:
     fitting.sort(key=lambda r: (r["metrics"]["headline"]["step_time_ms"], width(r["recompute"]),
                                 r["metrics"]["headline"]["peak_allocated_bytes"]))
     for record in fitting[1:]:
-        label = RecomputeFields.from_dict(record["recompute"]).name
-        considered.append((label, f"fits, but slower ({record['metrics']['headline']['step_time_ms']:.2f} ms)"))
+        considered.append((row_label(record), f"fits, but slower ({record['metrics']['headline']['step_time_ms']:.2f} ms)"))
     if not fitting:
         return Selection(target_gb, None, None, None, None, considered)
     best = fitting[0]
     headline = best["metrics"]["headline"]
     return Selection(
-        target_gb, RecomputeFields.from_dict(best["recompute"]).name, best["id"],
+        target_gb, row_label(best), best["id"],
         headline["peak_allocated_bytes"] / GB, headline["step_time_ms"], considered,
     )

@@ -14,9 +14,7 @@ unit tests compare the discovered set with it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import warnings
 from datetime import datetime, timezone
 from functools import lru_cache
@@ -25,6 +23,7 @@ from typing import Any
 
 from harness.config.revisions import collect_revisions, megatron_core_root
 from harness.errors import UsageError
+from harness.record.io import write_json_atomic
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 MANIFEST_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "labels"
@@ -90,13 +89,8 @@ def write_manifest(directory: Path = MANIFEST_DIR) -> Path:
         "written_by": REFRESH_COMMAND,
         "labels": sorted(accepted_labels()),
     }
-    directory.mkdir(parents=True, exist_ok=True)
     path = manifest_path(mcore["fingerprint"], directory)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(manifest, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, manifest)
     return path
 
 
@@ -123,25 +117,19 @@ def manifest_problem(directory: Path = MANIFEST_DIR) -> str | None:
         reference = _load(path)
         headline = f"recompute labels differ from the manifest {path.name}"
     else:
-        others = sorted(directory.glob("*.json"), key=lambda p: _load(p)["created"])
+        others = sorted(((p, _load(p)) for p in directory.glob("*.json")), key=lambda item: item[1]["created"])
         if not others:
             return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}"
-        reference = _load(others[-1])
+        newest, reference = others[-1]
         headline = (
-            f"no label manifest for Megatron Core fingerprint {fingerprint}; newest is {others[-1].name} "
+            f"no label manifest for Megatron Core fingerprint {fingerprint}; newest is {newest.name} "
             f"(megatron-core {reference['megatron_core']['version']})"
         )
     pinned = set(reference["labels"])
     if path.is_file() and pinned == current:
         return None
     added, removed = sorted(current - pinned), sorted(pinned - current)
-    diff = "; ".join(
-        part
-        for part in (
-            f"added: {', '.join(added)}" if added else "",
-            f"removed: {', '.join(removed)}" if removed else "",
-            "labels unchanged" if not added and not removed else "",
-        )
-        if part
-    )
+    changes = [f"added: {', '.join(added)}"] if added else []
+    changes += [f"removed: {', '.join(removed)}"] if removed else []
+    diff = "; ".join(changes) or "labels unchanged"
     return f"{headline}: {diff}. Review the change, then refresh with: {REFRESH_COMMAND}"

@@ -9,8 +9,8 @@ test_cpu_adapter.py`` fails when upstream changes any of them):
    ``"cpu"``, so those allocations land where the model lives.
 2. The RNG tracker's "CUDA" generator (``torch.cuda.get_rng_state``, ``torch.cuda.manual_seed``,
    ``tensor_parallel.random._get_cuda_rng_state`` / ``_set_cuda_rng_state``): on CPU, dropout
-   draws from the default CPU generator, so the tracker's state *is* that generator's state. This keeps RNG replay real: the
-   tracker forks, saves and restores the very state dropout consumes.
+   draws from the default CPU generator, so the tracker's state *is* that generator's state. This
+   keeps RNG replay real: the tracker forks, saves and restores the very state dropout consumes.
    ``CudaRNGStatesTracker.fork`` then logs "CPU RNG state changed within GPU RNG context" on every
    fork (on CPU the two are one generator): a logging filter drops exactly that message.
 3. Only when Transformer Engine is absent: ``CheckpointWithoutOutput.__init__`` sets
@@ -23,8 +23,9 @@ test_cpu_adapter.py`` fails when upstream changes any of them):
    then torch caches it.)
 
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
-MCore unmodified, except that without TE it needs part 3: ``bind_fp8_disabled_without_te()``). ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world
-size 1, or from torchrun's environment) and MCore's model-parallel state on it.
+MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
+``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
+torchrun's environment) and MCore's model-parallel state on it, with the given TP/PP/EP/CP sizes.
 """
 
 from __future__ import annotations
@@ -210,10 +211,3 @@ def reseed(seed: int) -> None:
     """Reset the CPU generator and MCore's RNG tracker, so two runs draw identical dropout masks."""
     torch.manual_seed(seed)
     mcore_random.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
-
-
-def destroy_cpu_parallel_state() -> None:
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -5,8 +5,8 @@ The only component of ours is ``KVChannelsDotProductAttention``: MCore's MLA bui
 with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not accept; ours
 accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs unmodified.
 
-``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the GPU
-``mcore`` back end can call it with ``device="cuda"``.
+``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the runner's
+``mcore`` back end calls it on CPU (under the adapter) and with ``device="cuda"`` on GPU.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def style_model(name: str) -> StyleModel:
         raise UsageError(f"unknown model {name!r}; known: {', '.join(STYLE_MODELS)}") from None
 
 
-def kv_channels_dot_product_attention():
+def kv_channels_dot_product_attention() -> type:
     """The local ``DotProductAttention`` that also takes MLA's ``k_channels`` / ``v_channels``.
 
     MCore's local attention math is dimension-agnostic except for the output width, which it derives
@@ -166,7 +166,7 @@ def _parallel_sizes(has_experts: bool) -> dict[str, int]:
 
 def transformer_config(style: StyleModel, fields: RecomputeFields, *, dropout: bool = False,
                        add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu", **overrides: Any):
+                       device: str | torch.device = "cpu", **overrides: Any) -> Any:
     """The real ``TransformerConfig`` (``MLATransformerConfig`` for MLA); its validator runs here."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 

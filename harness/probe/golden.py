@@ -12,7 +12,7 @@ from typing import Any
 
 from harness.compare.comparator import compare_records
 from harness.probe.runner import ModelProbe, RowResult
-from harness.probe.status import HANG, REJECTED, Equivalence
+from harness.probe.status import Equivalence
 from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
 from harness.record.golden import golden_filename, golden_from_records, load_golden, pins_of, write_golden
 
@@ -42,7 +42,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
     for row in probe.rows:
-        if row.status in (REJECTED, HANG) or not row.measured or row.add_bias_linear:
+        if not row.measured or row.add_bias_linear:
             continue
         records.append(new_record(
             "cpu-probe",

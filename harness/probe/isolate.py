@@ -26,6 +26,7 @@ from harness.config.fields import RecomputeFields
 from harness.probe.plan import ProbeRow
 
 READY, RESULT = "READY", "RESULT "
+DEFAULT_HANG_TIMEOUT_S = 10.0  # the measurement's limit after READY (`probe --hang-timeout`)
 
 
 @dataclass

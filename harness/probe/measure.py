@@ -119,12 +119,12 @@ class _ReplayCounter(TorchDispatchMode):
         return out
 
 
-def measure(model: TinyModel, *, seed: int = 1234, batch_seed: int = 0, instrument: bool = True) -> Measurement:
+def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> Measurement:
     """Run forward + backward once from a reset RNG; with ``instrument`` False only loss and grads."""
     module = model.module
     module.train()
     module.zero_grad(set_to_none=True)
-    batch = model.batch(batch_seed)
+    batch = model.batch()
     reseed(seed)
     if not instrument:
         loss = model.loss(batch)

@@ -22,7 +22,7 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
 from harness.cpu.models import StyleModel, build_model, style_model
 from harness.errors import EXIT_FAILED
-from harness.probe.isolate import IsolatedProbe
+from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, ProbeRow, plan_rows
 from harness.probe.status import (
@@ -30,7 +30,6 @@ from harness.probe.status import (
     sum_order_reason, te_only_labels_missing,
 )
 
-DEFAULT_HANG_TIMEOUT_S = 10.0
 DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
 # The deadlock row is about MCore's CheckpointFunction, not a model's shape, and each isolated child
 # pays a fresh torch + MCore import: it runs on the dense model only.

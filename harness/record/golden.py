@@ -24,7 +24,7 @@ from harness.record.schema import STATUSES
 GOLDEN_SCHEMA = "recompute-harness/golden"
 GOLDEN_SCHEMA_VERSION = 1
 TOLERANCE_MODES = ("relative", "exact")
-# Headline metrics of run and reference records that a golden row holds.
+# Metrics of run and reference records that a golden row holds: headline values and iteration counts.
 RUN_METRICS = (
     "peak_allocated_bytes", "peak_reserved_bytes", "peak_after_iteration",
     "step_time_ms", "tflops_per_gpu", "skipped_iterations", "nan_iterations",

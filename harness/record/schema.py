@@ -30,8 +30,11 @@ HEADLINE_ITERATION = 2
 # Metrics every CPU-probe record carries (more are allowed; all are finite and non-negative).
 CPU_PROBE_METRICS = ("retained_bytes", "backward_flops", "replay_bytes")
 
-_PEAK_KEYS = frozenset(("iteration", "allocated_bytes", "reserved_bytes"))
-_ITERATION_KEYS = frozenset(("iteration", "step_time_ms", "loss", "tflops_per_gpu", "skipped", "nan"))
+_PEAK_KEYS = ("iteration", "allocated_bytes", "reserved_bytes")
+_ITERATION_KEYS = ("iteration", "step_time_ms", "loss", "tflops_per_gpu", "skipped", "nan")
+# The same keys as sets, for the fast path that checks the bulk of a record's rows.
+_PEAK_KEY_SET = frozenset(_PEAK_KEYS)
+_ITERATION_KEY_SET = frozenset(_ITERATION_KEYS)
 
 TOP_LEVEL_KEYS = (
     "schema", "schema_version", "kind", "id", "created", "revisions", "hardware",
@@ -226,14 +229,14 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
     )
     seen: set[int] = set()
     for i, row in enumerate(check.array(metrics["iterations"], "metrics.iterations")):
-        if (type(row) is dict and row.keys() == _ITERATION_KEYS and _is_count(row["iteration"]) and row["iteration"] >= 1
+        if (type(row) is dict and row.keys() == _ITERATION_KEY_SET and _is_count(row["iteration"]) and row["iteration"] >= 1
                 and row["iteration"] not in seen and type(row["skipped"]) is bool and type(row["nan"]) is bool
                 and all(_is_measure(row[key]) for key in ("step_time_ms", "tflops_per_gpu"))
                 and (row["loss"] is None or (type(row["loss"]) is float and math.isfinite(row["loss"])))):
             seen.add(row["iteration"])  # fast path for the bulk of a record
             continue
         path = f"metrics.iterations[{i}]"
-        check.obj(row, path, ("iteration", "step_time_ms", "loss", "tflops_per_gpu", "skipped", "nan"))
+        check.obj(row, path, _ITERATION_KEYS)
         check.integer(row["iteration"], f"{path}.iteration", minimum=1)
         if row["iteration"] in seen:
             check.fail(path, f"duplicated row for iteration {row['iteration']}")
@@ -254,13 +257,13 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
         ranks_seen.add(rank["rank"])
         peak_iterations: set[int] = set()
         for j, peak in enumerate(check.array(rank["peaks"], f"{path}.peaks")):
-            if (type(peak) is dict and peak.keys() == _PEAK_KEYS and _is_count(peak["iteration"])
+            if (type(peak) is dict and peak.keys() == _PEAK_KEY_SET and _is_count(peak["iteration"])
                     and _is_count(peak["allocated_bytes"]) and _is_count(peak["reserved_bytes"])
                     and peak["iteration"] not in peak_iterations):
                 peak_iterations.add(peak["iteration"])  # fast path for the bulk of a record
                 continue
             ppath = f"{path}.peaks[{j}]"
-            check.obj(peak, ppath, ("iteration", "allocated_bytes", "reserved_bytes"))
+            check.obj(peak, ppath, _PEAK_KEYS)
             check.integer(peak["iteration"], f"{ppath}.iteration")
             if peak["iteration"] in peak_iterations:
                 check.fail(ppath, f"duplicated row for iteration {peak['iteration']}")

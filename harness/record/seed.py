@@ -117,10 +117,10 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
     if recipe is None:
         raise UsageError(f"card study {study['model']!r} has no recipe name in harness/record/seed.py STUDY_RECIPES")
     extra = {key: str(study[key]).strip() for key in _WORKLOAD_EXTRA if key in study}
+    notes = study.get("comparison_limitations")
     records = []
     for row in study["experiments"]:
         row_outcome = _outcome(row, study)
-        notes = study.get("comparison_limitations")
         records.append(new_record(
             "reference",
             record_id=f"reference/{recipe}/{row['name']}",

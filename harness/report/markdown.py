@@ -1,4 +1,4 @@
-"""Markdown tables for comparisons, analyses, selections and golden refresh diffs.
+"""Markdown tables for comparisons, analyses, selections, golden refresh diffs and the matrix listing.
 
 ``emit`` prints to the terminal and, in GitHub Actions, appends the same text to the job summary.
 """
@@ -8,11 +8,9 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-from harness.compare.analysis import Analysis
+from harness.compare.analysis import GB, Analysis
 from harness.compare.comparator import Comparison
 from harness.compare.selection import Selection
-
-GB = 1e9
 
 
 def emit(markdown: str) -> None:

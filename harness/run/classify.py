@@ -1,13 +1,13 @@
 """How a row ended, decided from per-rank evidence only.
 
 Order of evidence: a row the runner had to stop (timeout, or no rank reporting for the stall
-timeout) before every rank finished is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise the root error
-decides: the ranks' error lines (written by the worker with the phase it was in), falling back to
-torchrun's per-rank ``error.json`` files. A peer's loss ("connection closed", "communicator aborted")
-is a consequence, never the root, when another rank reports its own error. The root error's kind:
-an out-of-memory message -> ``oom``; a collective timeout -> ``hang``; a non-finite loss -> ``nan``;
-anything else -> ``crash``. A run
-that exits cleanly with every iteration reported on every rank is ``completed``.
+timeout) before every rank finished is a ``hang`` at the furthest-behind rank's iteration and
+phase. Otherwise the root error decides: the ranks' error lines (written by the worker with the
+phase it was in), falling back to torchrun's per-rank ``error.json`` files. A peer's loss
+("connection closed", "communicator aborted") is a consequence, never the root, when another rank
+reports its own error. The root error's kind: an out-of-memory message -> ``oom``; a collective
+timeout -> ``hang``; a non-finite loss -> ``nan``; anything else -> ``crash``. A run that exits
+cleanly with every iteration reported on every rank is ``completed``.
 
 Against the matched control: a failed row that got further than a failed ``[]`` control is
 ``advanced-but-failed`` — the skill's "later failure is misclassified as success" guard.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from harness.record.build import outcome as outcome_record
 from harness.record.schema import PHASES
 from harness.run.events import RankEvidence
 from harness.run.launch import TORCHRUN_DIR, LaunchResult
@@ -50,10 +51,8 @@ class Outcome:
         return self.iteration, -1 if self.phase is None else PHASES.index(self.phase)
 
     def as_record(self) -> dict[str, Any]:
-        from harness.record.build import outcome
-
-        return outcome(self.status, iteration=self.iteration, phase=self.phase, ranks=self.ranks,
-                       message=self.message)
+        return outcome_record(self.status, iteration=self.iteration, phase=self.phase, ranks=self.ranks,
+                              message=self.message)
 
 
 def error_kind(type_name: str | None, message: str) -> str:

@@ -57,8 +57,6 @@ class RankEvidence:
 
     rank: int
     started: bool = False
-    pid: int | None = None
-    device: str | None = None
     device_name: str | None = None  # e.g. "NVIDIA H100 80GB HBM3"; None on CPU
     sm: str | None = None  # compute capability, e.g. "9.0"
     iteration: int = 0
@@ -90,8 +88,7 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
         evidence.last_time = event.get("t", evidence.last_time)
         kind = event.get("event")
         if kind == "start":
-            evidence.started, evidence.pid, evidence.device = True, event.get("pid"), event.get("device")
-            evidence.device_name, evidence.sm = event.get("device_name"), event.get("sm")
+            evidence.started, evidence.device_name, evidence.sm = True, event.get("device_name"), event.get("sm")
         elif kind == "phase":
             evidence.iteration, evidence.phase = event["iteration"], event["phase"]
         elif kind == "iteration":

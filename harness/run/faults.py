@@ -17,9 +17,13 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from harness.errors import UsageError
 from harness.record.schema import PHASES
+
+if TYPE_CHECKING:
+    import torch
 
 FAULT_ENV = "RECOMPUTE_HARNESS_FAULT"
 KINDS = ("oom", "nan", "hang")
@@ -59,7 +63,7 @@ class Fault:
             while True:  # the runner's stall timeout kills the whole process group
                 time.sleep(3600)
 
-    def poison_loss(self, loss, iteration: int, rank: int):
+    def poison_loss(self, loss: torch.Tensor, iteration: int, rank: int) -> torch.Tensor:
         """Called by the worker on its loss: NaN when this is the spot."""
         if self.kind == "nan" and self.fires(iteration, "forward", rank):
             return loss * float("nan")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.run.events import EventWriter
-from harness.run.faults import Fault, fault_from_env
+from harness.run.faults import fault_from_env
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -29,10 +29,12 @@ class NonFiniteLoss(FloatingPointError):
 
 
 class Instrument:
-    def __init__(self, row_dir: Path, rank: int, device: str, fault: Fault | None = None) -> None:
+    """One rank's reporter: phase marks, iterations, notes and errors as event lines, plus the fault hook."""
+
+    def __init__(self, row_dir: Path, rank: int, device: str) -> None:
         self.rank = rank
         self.device = device
-        self.fault = fault if fault is not None else fault_from_env()
+        self.fault = fault_from_env()  # None unless the runner handed this row a fault
         self.events = EventWriter(row_dir, rank)
         self.iteration = 0
         self.phase_name: str | None = None

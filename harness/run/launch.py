@@ -4,14 +4,15 @@ torchrun is started as a subprocess in a session (process group) of its own, wit
 stdout/stderr and its ``error.json`` (``TORCHELASTIC_ERROR_FILE``) under ``ROW_DIR/torchrun/``. A row
 is stopped when it runs past its timeout, or when, once every rank is training, no rank has
 reported anything for the stall timeout (a hung rank leaves the others blocked in a collective:
-that is a hang, not a slow step). Stopping sends SIGTERM to torchrun's group (torchrun then terminates its workers), then SIGKILL; as a
-last resort every process that still carries this row's job token in its environment is killed by
-pid. Several "nodes" on one host (a multi-node rendezvous on localhost) are several torchrun
-processes joined by a c10d rendezvous on 127.0.0.1.
+that is a hang, not a slow step). Stopping sends SIGTERM to torchrun's group (torchrun then
+terminates its workers), then SIGKILL; as a last resort every process that still carries this row's
+job token in its environment is killed by pid. Several "nodes" on one host (a multi-node rendezvous
+on localhost) are several torchrun processes joined by a c10d rendezvous on 127.0.0.1.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -19,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,6 +135,17 @@ def _sweep(token: str) -> list[int]:
     return leftovers
 
 
+@contextlib.contextmanager
+def sigterm_as_exit() -> Iterator[None]:
+    """Turn SIGTERM (``timeout``, slurm's time limit) into ``SystemExit`` while rows run, so ``run_row``
+    stops the row's torchrun process groups (sessions of their own) instead of leaving them behind."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_row(
     row_dir: Path,
     commands: list[list[str]],
@@ -151,13 +163,13 @@ def run_row(
     child_env = {**os.environ, **(env or {}), JOB_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     wall_start = time.time()
-    procs = []
-    for index, command in enumerate(commands):
-        with open(row_dir / f"launcher{index}.log", "w", encoding="utf-8") as log:
-            procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                          start_new_session=True))
+    procs: list[subprocess.Popen] = []
     stopped = None
-    try:
+    try:  # started inside: a launch that fails part-way still stops the nodes already started
+        for index, command in enumerate(commands):
+            with open(row_dir / f"launcher{index}.log", "w", encoding="utf-8") as log:
+                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
+                                              start_new_session=True))
         while any(proc.poll() is None for proc in procs):
             time.sleep(POLL_S)
             elapsed = time.monotonic() - started

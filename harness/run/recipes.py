@@ -269,12 +269,13 @@ def check_layout(layout: Parallelism, world: int, where: str) -> None:
 def check_packages(recipe: Recipe) -> None:
     """Refuse, before launching, a recipe whose packages this environment lacks."""
     for module in recipe.requires:
-        if not _importable(module):
+        if not importable(module):
             hint = _INSTALL_HINT.get(module, f"install the package that provides {module}")
             raise UsageError(f"recipe {recipe.name!r} needs {module}, which is not installed ({hint})")
 
 
-def _importable(module: str) -> bool:
+def importable(module: str) -> bool:
+    """Whether ``module`` can be imported here (found without importing it)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import shlex
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -91,7 +92,7 @@ def check_labels(rows: list[str]) -> None:
                              f"(labels: {', '.join(sorted(known))})")
 
 
-def check_launchable(recipe: Recipe, faults: list[Fault], launcher: Launcher = Launcher(),
+def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher = Launcher(),
                      rows: list[str] | None = None) -> None:
     """Packages, labels, devices and fault ranks — the checks that need this machine, before any launch."""
     check_packages(recipe)
@@ -130,14 +131,13 @@ def run_sweep(
     out: Path,
     *,
     rows: list[str] | None = None,
-    faults: list[Fault] = (),
+    faults: Sequence[Fault] = (),
     timeout_s: float | None = None,
     stall_timeout_s: float | None = None,
     progress: Progress | None = None,
     launcher: Launcher = Launcher(),
 ) -> tuple[Path, list[RowResult]]:
     chosen = sweep_rows(recipe, rows)
-    faults = list(faults)
     check_launchable(recipe, faults, launcher, rows)
     timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
     stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s

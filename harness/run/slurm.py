@@ -37,7 +37,7 @@ def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOpti
         directives.append(f"--account={options.account}")
     run = ["recompute-harness", "run", "--recipe", recipe.name, "--launcher", "slurm", "--out", str(out)]
     if tuple(rows) != recipe.rows:
-        run += ["--rows", *rows[1:]]
+        run += ["--rows", *rows]  # the [] control included: a control-only sweep still names a row
     command = " ".join(shlex.quote(part) for part in run) + f' --rdzv-endpoint "$HEAD:{options.port}"'
     lines = [
         "#!/bin/bash",

@@ -1,6 +1,6 @@
 """The program torchrun starts on every rank: ``python -m harness.run.worker ROW_DIR``.
 
-It reads ``ROW_DIR/spec.json`` (written by the runner: the recipe as data, the row, the seed), runs
+It reads ``ROW_DIR/spec.json`` (written by the runner: the recipe as data and the row), runs
 the recipe's back end, and reports through ``harness.run.instrument``. ``@record`` makes torchrun
 write this rank's exception and traceback to its ``TORCHELASTIC_ERROR_FILE`` as well.
 """

@@ -4,16 +4,9 @@ mamba-ssm, Megatron Bridge)."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
-
-def _importable(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        return False
+from harness.run.recipes import importable
 
 
 def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bool = False,
@@ -31,12 +24,12 @@ def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bo
             return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
     for wanted, module, name in ((te, "transformer_engine", "Transformer Engine"), (mamba, "mamba_ssm", "mamba-ssm"),
                                  (bridge, "megatron.bridge", "Megatron Bridge 0.6.2")):
-        if wanted and not _importable(module):
+        if wanted and not importable(module):
             return f"needs {name}: `import {module}` fails"
     return None
 
 
-def require(**needs) -> None:
+def require(**needs: bool | int | str) -> None:
     """Skip the calling test, with the reason, unless the machine has everything in ``needs``."""
     reason = missing(**needs)
     if reason is not None:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
+import shlex
+
 import pytest
 
 from harness.cli import main
@@ -15,20 +18,20 @@ from harness.run.launch import LaunchResult, local_commands, slurm_command
 from harness.run.recipes import (
     Parallelism, Recipe, check_layout, check_packages, check_recipe, load_recipe, parse_row, recipe_names, with_world,
 )
+from harness.run.runner import sweep_rows
 from harness.run.slurm import SlurmOptions, sbatch_script
 
 
 def test_every_recipe_loads_and_starts_with_the_control():
     names = recipe_names()
     assert {"moonlight-full-8gpu", "nemotron-3-nano-full-16gpu", "cpu-moonlight-ep2", "cpu-moonlight-ep2-2node"} <= set(names)
-    for name in names:
-        recipe = load_recipe(name)
-        assert recipe.rows[0] == "[]"
-    gpu_sizes = {load_recipe(n).world_size for n in names if load_recipe(n).device == "cuda"}
+    recipes = [load_recipe(name) for name in names]
+    assert [recipe.name for recipe in recipes if recipe.rows[0] != "[]"] == []
+    gpu_sizes = {recipe.world_size for recipe in recipes if recipe.device == "cuda"}
     assert {1, 2, 8, 16} <= gpu_sizes
 
 
-def test_bridge_back_end_imports_without_bridge_and_builds_every_bridge_recipe():
+def test_bridge_back_end_imports_without_bridge_and_has_a_builder_for_every_bridge_recipe():
     # CI has no Bridge: the back end must keep its Bridge imports inside the GPU-side functions.
     from harness.run import backend_bridge
     from harness.run.recipes import BRIDGE_RECIPES
@@ -170,6 +173,21 @@ def test_slurm_job_is_srun_plus_torchrun(tmp_path):
     script = sbatch_script(recipe, tmp_path, list(recipe.rows), SlurmOptions(partition="batch"), tmp_path)
     assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=batch" in script
     assert "--launcher slurm" in script and '--rdzv-endpoint "$HEAD:29500"' in script
+    assert "--rows" not in script
+
+
+def test_slurm_script_names_chosen_rows_so_run_parses_them_back(tmp_path):
+    from harness.commands import run as run_command
+
+    recipe = load_recipe("nemotron-3-nano-full-16gpu")
+    for chosen in ([], ["moe"]):  # a control-only sweep too: `--rows` must never be left empty
+        rows = sweep_rows(recipe, chosen)
+        script = sbatch_script(recipe, tmp_path, rows, SlurmOptions(), tmp_path)
+        line = next(line for line in script.splitlines() if line.startswith("recompute-harness run"))
+        parser = argparse.ArgumentParser()
+        run_command.add_arguments(parser)
+        args = parser.parse_args(shlex.split(line)[2:])
+        assert sweep_rows(recipe, args.rows) == rows
 
 
 def test_cli_refuses_bad_input_before_launching(tmp_path, capsys):
