@@ -8,11 +8,10 @@ written (atomically) and its path printed; submit it with ``sbatch``.
 from __future__ import annotations
 
 import argparse
-import os
-import tempfile
 from pathlib import Path
 
 from harness.errors import EXIT_OK, UsageError
+from harness.files import write_text_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,15 +42,6 @@ def run(args: argparse.Namespace) -> int:
     script = args.script or out / f"{recipe.name}.sbatch"
     text = sbatch_script(recipe, out, rows, SlurmOptions(args.partition, args.account, args.time, args.port, args.setup),
                          workdir=Path.cwd())
-    script.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{script.name}.", dir=script.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, script)
-    except BaseException:  # never leave a half-written temp file next to the script
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(script, text, mode=0o755)
     print(script)
     return EXIT_OK

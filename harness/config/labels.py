@@ -23,7 +23,7 @@ from typing import Any
 
 from harness.config.revisions import collect_revisions, megatron_core_root
 from harness.errors import UsageError
-from harness.record.io import write_json_atomic
+from harness.files import write_json_atomic
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 MANIFEST_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "labels"

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
-from harness.record.io import parse_json, read_json, write_json_atomic
+from harness.files import write_json_atomic
+from harness.record.io import parse_json, read_json
 from harness.record.schema import STATUSES
 
 GOLDEN_SCHEMA = "recompute-harness/golden"

@@ -1,19 +1,17 @@
-"""Strict JSON loading and atomic writing for run records (and any other harness JSON file).
+"""Strict JSON loading for run records (and any other harness JSON file), and validated writing.
 
 Loading refuses what ``json`` would silently accept: NaN/Infinity literals, duplicated keys, and
-trailing garbage. Writing goes to a temporary file in the target directory and is moved into place
-with ``os.replace``, so a reader never sees a half-written file and an error never loses the old one.
+trailing garbage. Writing is atomic (``harness.files``).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
 from harness.errors import UsageError
+from harness.files import write_json_atomic
 from harness.record.schema import SCHEMA, SCHEMA_VERSION, validate_record
 
 
@@ -50,26 +48,6 @@ def read_json(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read: {exc}") from None
     return parse_json(text, str(path))
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write ``data`` as indented JSON: temp file in the same directory, fsync, ``os.replace``."""
-    path = Path(path)
-    try:
-        text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    except ValueError as exc:
-        raise UsageError(f"{path}: refusing to write: {exc}") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_record(path: Path, record: dict[str, Any]) -> None:

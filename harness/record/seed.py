@@ -21,7 +21,7 @@ from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.record.build import new_record, outcome, parallelism, workload
 from harness.record.golden import golden_filename, golden_from_records, pins_of, write_golden
-from harness.record.io import write_json_atomic
+from harness.files import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CARD = REPO / "harness" / "data" / "reference" / "card.yaml"

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from harness.compare.analysis import Analysis
+from harness.files import atomic_path
 
 
 def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
@@ -30,14 +29,9 @@ def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
     if left_out:
         figure.text(0.01, 0.01, "not plotted (no steady step time): " + ", ".join(left_out), fontsize=7)
     figure.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        figure.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            figure.savefig(tmp, format="png", dpi=120)
     finally:
         pyplot.close(figure)
-        Path(tmp).unlink(missing_ok=True)
     return left_out

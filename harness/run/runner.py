@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.errors import UsageError
-from harness.record.io import write_json_atomic, write_record
+from harness.files import write_json_atomic
+from harness.record.io import write_record
 from harness.run.assemble import build_record
 from harness.run.classify import Outcome, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row

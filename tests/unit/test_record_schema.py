@@ -11,7 +11,8 @@ import pytest
 from harness.cli import main
 from harness.errors import UsageError
 from harness.record.build import iteration_row, rank_peaks, run_metrics
-from harness.record.io import load_records, write_json_atomic, write_record
+from harness.files import write_json_atomic
+from harness.record.io import load_records, write_record
 from harness.record.schema import SCHEMA_VERSION, validate_record
 from record_samples import run_record
 
