@@ -16,6 +16,8 @@ fi
 ./venv-run recompute-harness labels --check || true   # prints the label diff against the newest manifest
 ./venv-run recompute-harness labels --write-manifest   # the label manifest is a golden too
 ./venv-run recompute-harness matrix --check   # the matrix must still agree with the new validator
+./venv-run recompute-harness probe --all --check-golden || true   # per-label diff of the CPU goldens
+./venv-run recompute-harness probe --all --write-golden           # CPU goldens for the new fingerprint
 for recipe in "${recipes[@]}"; do
   # A row that fails is recorded as such; the refresh below refuses failed rows unless expected.
   ./venv-run recompute-harness run --recipe "$recipe" --out "$out" || true

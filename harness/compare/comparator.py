@@ -111,10 +111,14 @@ def _stage(outcome: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def compare_records(golden: dict[str, Any], records: Sequence[dict[str, Any]], golden_path: str) -> Comparison:
-    """Judge ``records`` against ``golden``. Raises ``UsageError`` (refusal) when pins or hardware differ."""
+def compare_records(golden: dict[str, Any], records: Sequence[dict[str, Any]], golden_path: str, *,
+                    across_pins: bool = False) -> Comparison:
+    """Judge ``records`` against ``golden``. Raises ``UsageError`` (refusal) when pins or hardware differ.
+
+    ``across_pins`` skips that refusal: only for showing what a revision bump changed, never a verdict.
+    """
     for record in records:
-        differences = identity_differences(golden, record)
+        differences = [] if across_pins else identity_differences(golden, record)
         if differences:
             raise UsageError(
                 f"refusing to compare record {record['id']} with {golden_path}: {'; '.join(differences)}; "

@@ -7,6 +7,8 @@ verdicts are pinned by the compatibility matrix; the deadlock by its own unit te
 
 from __future__ import annotations
 
+import socket
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,10 @@ def write_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> Path:
     """Write (atomically) the golden for this model and the installed revisions."""
     records = probe_records(probe)
     path = golden_path(probe.model, records, directory)
-    golden = golden_from_records(records, {"source": "cpu probe run", "written_by": REFRESH_COMMAND})
+    golden = golden_from_records(records, {
+        "source": "cpu probe run", "command": REFRESH_COMMAND, "host": socket.gethostname(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": None, "driver": None,
+    })
     path.parent.mkdir(parents=True, exist_ok=True)
     write_golden(path, golden)
     return path
@@ -79,13 +84,28 @@ def check_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> tuple
     """(golden path, problems): one readable line per changed value; empty when everything matches."""
     records = probe_records(probe)
     path = golden_path(probe.model, records, directory)
-    if not path.is_file():
-        return path, [f"no CPU golden {path.name} for this Megatron Core revision; write it with: {REFRESH_COMMAND}"]
-    comparison = compare_records(load_golden(path), records, str(path))
-    problems = [
-        f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
-        for check in comparison.failures
-    ]
-    if problems:
-        problems.append(f"if the change is intended, refresh with: {REFRESH_COMMAND}")
+    if path.is_file():
+        problems = _changed_values(compare_records(load_golden(path), records, str(path)))
+        return path, problems + ([f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else [])
+    problems = [f"no CPU golden {path.name} for these revisions; write it with: {REFRESH_COMMAND}"]
+    previous = _newest_golden_like(path)
+    if previous is not None:
+        # After a Megatron Core bump: show per label what changed against the last pinned golden.
+        changed = _changed_values(compare_records(load_golden(previous), records, str(previous), across_pins=True))
+        problems.append(f"against {previous.name} (other revisions): "
+                        + (f"{len(changed)} value(s) changed" if changed else "no value changed"))
+        problems += changed
     return path, problems
+
+
+def _changed_values(comparison: Any) -> list[str]:
+    return [f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
+            for check in comparison.failures]
+
+
+def _newest_golden_like(path: Path) -> Path | None:
+    """The most recently written golden of the same model and hardware as ``path``, any revision pins."""
+    recipe_and_hardware = "__".join(path.name.split("__")[:2])
+    candidates = [(load_golden(p)["provenance"].get("date") or "", p.name, p)
+                  for p in path.parent.glob(f"{recipe_and_hardware}__*.json")]
+    return max(candidates)[2] if candidates else None

@@ -47,6 +47,23 @@ def test_golden_diff_is_readable_per_label(probes, tmp_path):
     assert len(problems) == 2
 
 
+def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes, tmp_path):
+    probe = probes["moonlight-tiny"]
+    path = write_probe_golden(probe, tmp_path)
+    golden = json.loads(path.read_text())
+    golden["pins"]["megatron_core"]["fingerprint"] = "0000000000000000"  # as written by an older MCore
+    next(row for row in golden["rows"] if row["label"] == "moe")["values"]["backward_flops"] += 1
+    older = path.with_name(path.name.replace(probe_records(probe)[0]["revisions"]["megatron_core"]["fingerprint"],
+                                             "0000000000000000"))
+    older.write_text(json.dumps(golden))
+    path.unlink()
+    _, problems = check_probe_golden(probe, tmp_path)
+    assert problems[0].startswith("no CPU golden ") and problems[0].endswith(REFRESH_COMMAND)
+    assert problems[1] == f"against {older.name} (other revisions): 1 value(s) changed"
+    assert problems[2].startswith("moe: backward_flops ") and "FAIL" in problems[2]
+    assert len(problems) == 3
+
+
 def test_rows_survive_the_isolated_childs_json(probes):
     from harness.probe.runner import RowResult
 
