@@ -24,6 +24,7 @@ from typing import Any
 
 from harness.config.fields import RecomputeFields
 from harness.probe.plan import ProbeRow
+from harness.probe.status import CRASH, HANG
 
 READY, RESULT = "READY", "RESULT "
 DEFAULT_HANG_TIMEOUT_S = 10.0  # the measurement's limit after READY (`probe --hang-timeout`)
@@ -76,7 +77,7 @@ class IsolatedProbe:
                 self.kill()
                 phase = "measurement" if ready_at else "setup"
                 limit = self.timeout_s if ready_at else self.startup_timeout_s
-                return IsolatedOutcome("hang", f"no result {limit:.0f} s into {phase}; process group killed")
+                return IsolatedOutcome(HANG, f"no result {limit:.0f} s into {phase}; process group killed")
             if not selector.select(timeout=remaining):
                 continue
             line = self.process.stdout.readline()
@@ -92,7 +93,7 @@ class IsolatedProbe:
         if payload is None:
             self.stderr.seek(0)
             tail = self.stderr.read().strip().splitlines()[-1:] or ["no output"]
-            return IsolatedOutcome("crash", f"exit {self.process.returncode}: {tail[0]}")
+            return IsolatedOutcome(CRASH, f"exit {self.process.returncode}: {tail[0]}")
         return IsolatedOutcome("completed", "", payload)
 
     def kill(self) -> None:

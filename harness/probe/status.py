@@ -6,17 +6,23 @@ Statuses (the ``[]`` row itself is ``control``):
 - ``requires-TE`` accepted, but a label's implementation exists only in Transformer Engine modules
                   that this build does not have, so the label is silently ignored;
 - ``rejected``    the real validator refused the configuration (with the matrix rule id);
-- ``hang``        the isolated probe did not finish before its timeout (process group killed).
+- ``hang``        the isolated probe did not finish before its timeout (process group killed);
+- ``crash``       the isolated probe died without a result.
+
+Importing this module does not import torch: the isolated-probe parent uses the statuses too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 CONTROL_STATUS = "control"
-EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED, HANG = "effective", "inactive", "requires-TE", "rejected", "hang"
+EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
+HANG, CRASH = "hang", "crash"
 
 # label -> (TE module class that implements it, where): in 0.19.2 ``moe_act`` is read only by
 # TEGroupedMLP.__init__ (transformer/moe/experts.py); without TE, grouped-GEMM experts are built as
@@ -61,6 +67,8 @@ class Equivalence:
 
 def compare_numerics(loss: torch.Tensor, grads: dict[str, torch.Tensor],
                      control_loss: torch.Tensor, control_grads: dict[str, torch.Tensor]) -> Equivalence:
+    import torch
+
     names = sorted(set(grads) | set(control_grads))
     differing, max_diff = 0, 0.0
     for name in names:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from harness.probe.runner import ModelProbe, RowResult
+from harness.probe.status import CRASH, EFFECTIVE, HANG, REQUIRES_TE
 
 MIB = 1024 * 1024
 _LAYER_CHILD = re.compile(r"^(.*?layers\.\d+)((?:\.[^.]+){0,2})")
@@ -32,7 +33,7 @@ def _equivalence(row: RowResult) -> str:
 def _status(row: RowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in ("hang", "crash", "requires-TE") or (row.status == "effective" and row.reason):
+    if row.status in (HANG, CRASH, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
         return f"{row.status}: {row.reason}"
     return row.status
 
