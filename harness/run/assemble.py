@@ -22,10 +22,8 @@ from harness.run.recipes import Recipe, parse_row
 CPU_MEMORY_NOTE = "not measured: CPU tensors have no caching-allocator peak (torch.cuda.max_memory_* is CUDA-only)"
 
 
-def device_profile(name: str | None) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``H100_80GB``; ``NVIDIA H200`` -> ``H200``; no GPU -> ``cpu``."""
-    if not name:
-        return "cpu"
+def device_profile(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``H100_80GB``; ``NVIDIA H200`` -> ``H200``."""
     model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", name)
     memory = re.search(r"\b(\d+)\s*GB\b", name)
     if model is None:
@@ -64,8 +62,14 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
 def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Outcome, *,
                  revisions: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     started = next((rank for rank in ranks if rank.started), None)
-    device_name = started.device_name if started is not None else None
+    named = next((rank for rank in ranks if rank.device_name is not None), None)
     on_gpu = recipe.device == "cuda"
+    if not on_gpu:
+        profile, sm = "cpu", None
+    elif named is None:  # no rank got as far as naming its GPU (e.g. killed while importing)
+        profile, sm = "unidentified", None
+    else:
+        profile, sm = device_profile(named.device_name), named.sm
     extra = {"nnodes": str(recipe.nnodes), "nproc_per_node": str(recipe.nproc_per_node),
              "expert_tp": str(recipe.parallelism.expert_tp), "launcher": "torchrun"}
     if not on_gpu:
@@ -81,9 +85,7 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: O
             train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_dict(recipe.world_size),
             extra=extra,
         ),
-        hardware=hardware(device_profile(device_name) if on_gpu else "cpu",
-                          recipe.world_size if on_gpu else 0,
-                          sm=started.sm if started is not None and on_gpu else None),
+        hardware=hardware(profile, recipe.world_size if on_gpu else 0, sm=sm),
         recompute=parse_row(row),
         metrics=run_metrics(_iterations(ranks), _rank_peaks(ranks), recipe.steady_window),
         outcome=outcome.as_record(),

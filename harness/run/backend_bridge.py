@@ -20,6 +20,13 @@ directory would otherwise be resumed silently), the row's recompute fields, the 
 the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
 package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
 
+Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
+connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
+point, before anything touches CUDA, and the record notes their values.
+
+Before launch (``harness.run.preflight``): ``rejections`` runs Bridge's own pre-training update and
+validation on every row's config, on the host, so a row Bridge refuses never reaches the GPUs.
+
 Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
 callback of ours reports every rank's allocator peaks after every step, the step time, the loss and
 TFLOP/s. Phases: ``model-build`` until training starts, then ``forward`` when a step starts; when a
@@ -30,7 +37,9 @@ backward_step, finalize_model_grads, the optimizer).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -98,6 +107,7 @@ class RankMetrics:
         self.pending = None
 
     def on_train_start(self, context: Any) -> None:
+        self.instrument.device_ready()
         self.flops_before = self._flops(context) or 0.0
 
     def on_train_step_start(self, context: Any) -> None:
@@ -160,24 +170,24 @@ def nemotron_3_nano_config(options: dict[str, Any]) -> Any:
 RECIPES = {"moonlight_16b": moonlight_16b_config, "nemotron_3_nano": nemotron_3_nano_config}  # = recipes.BRIDGE_RECIPES
 
 
-def _dispatcher_fallback(cfg: Any, instrument: Instrument) -> None:
+def _dispatcher_fallback(cfg: Any) -> str | None:
+    """Fall back to ``alltoall`` when the flex dispatcher's back-end package is missing; the record's note."""
     from megatron.core.transformer.moe import fused_a2a
 
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
-        return
+        return None
     backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
     available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP,
                  "ncclep": fused_a2a.HAVE_TE_EP}.get(backend, True)
-    if not available:
-        cfg.model.moe_token_dispatcher_type = "alltoall"
-        cfg.model.moe_flex_dispatcher_backend = None
-        instrument.note("moe_dispatcher", f"alltoall (flex/{backend} unavailable on this machine)")
-    else:
-        instrument.note("moe_dispatcher", f"flex/{backend}")
+    if available:
+        return f"flex/{backend}"
+    cfg.model.moe_token_dispatcher_type = "alltoall"
+    cfg.model.moe_flex_dispatcher_backend = None
+    return f"alltoall (flex/{backend} unavailable on this machine)"
 
 
-def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument) -> Any:
-    """The harness recipe's overrides on Bridge's recipe (see the module docstring)."""
+def short_run(cfg: Any, recipe: dict[str, Any], row: str) -> tuple[Any, dict[str, str]]:
+    """The harness recipe's overrides on Bridge's recipe (see the module docstring), and notes for the record."""
     layout = Parallelism(**recipe["parallelism"])
     iters = recipe["train_iters"]
     cfg.train.train_iters = iters
@@ -220,8 +230,47 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str, instrument: Instrument
     recompute = {"recompute_modules": None, **parse_row(row).as_config_kwargs()}  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
-    _dispatcher_fallback(cfg, instrument)
-    return cfg
+    dispatcher = _dispatcher_fallback(cfg)
+    return cfg, {} if dispatcher is None else {"moe_dispatcher": dispatcher}
+
+
+def configure(recipe: dict[str, Any], row: str) -> tuple[Any, dict[str, str]]:
+    """Bridge's config for this harness recipe and row, and notes for the record."""
+    options = recipe["backend_options"]
+    return short_run(RECIPES[options["recipe"]](options), recipe, row)
+
+
+def rejections(recipe: dict[str, Any], rows: list[str]) -> dict[str, str]:
+    """The rows whose config Bridge's own pre-training update and validation (``runtime_config_update``,
+    the first thing ``pretrain`` does) refuses, with the reason. Needs no GPU; Bridge's recipe is built once."""
+    from megatron.bridge.training.config import runtime_config_update
+
+    options = recipe["backend_options"]
+    base = RECIPES[options["recipe"]](options)
+    refused = {}
+    for row in rows:
+        cfg, _ = short_run(copy.deepcopy(base), recipe, row)
+        try:
+            runtime_config_update(cfg)
+        except Exception as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
+            refused[row] = f"{type(exc).__name__}: {exc}"
+    return refused
+
+
+def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
+    """Bridge's recipes carry environment defaults (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
+    ``CUDA_DEVICE_MAX_CONNECTIONS``) that ``pretrain`` applies before CUDA starts in Bridge's own launches;
+    CUDA and its caching allocator read them once, at initialisation, so they are applied here before
+    anything touches CUDA. A value already set by the launcher wins, as in Bridge. The record notes the
+    values the run had, and whether CUDA had started before (then the allocator ignored them)."""
+    from megatron.bridge.training.config import apply_environment_variables
+
+    late = torch.cuda.is_initialized()
+    apply_environment_variables(cfg)
+    for name in sorted(cfg.env_vars):
+        instrument.note(f"env.{name}", os.environ[name])
+    if late:
+        instrument.note("env_applied_after_cuda_init", "true: the allocator did not see these values")
 
 
 def train(spec: dict[str, Any], instrument: Instrument) -> None:
@@ -232,8 +281,10 @@ def train(spec: dict[str, Any], instrument: Instrument) -> None:
     recipe = spec["recipe"]
     world = recipe["nnodes"] * recipe["nproc_per_node"]
     with instrument.phase(0, "model-build"):
-        cfg = short_run(RECIPES[recipe["backend_options"]["recipe"]](recipe["backend_options"]), recipe,
-                        spec["row"], instrument)
+        cfg, notes = configure(recipe, spec["row"])
+    for key, value in notes.items():
+        instrument.note(key, value)
+    apply_recipe_environment(cfg, instrument)
     metrics, callbacks = RankMetrics(instrument, world), CallbackManager()
     for event in RankMetrics.EVENTS:
         callbacks.register(event, getattr(metrics, event))

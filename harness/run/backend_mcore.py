@@ -130,6 +130,7 @@ def build(spec: dict[str, Any], instrument: Instrument) -> MCoreTraining:
     with instrument.phase(0, "model-build"):
         # Collectives may wait as long as the row may run: a stall is the runner's call, not gloo's.
         _init_parallel(layout, recipe["device"], float(recipe["timeout_s"]))
+        instrument.device_ready()
         model = build_model(
             recipe["model"], parse_row(spec["row"]), seq_length=recipe["seq_length"],
             micro_batch_size=recipe["micro_batch_size"], dtype=_DTYPES[recipe["precision"]],

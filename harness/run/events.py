@@ -4,7 +4,8 @@ The runner reads these files while a row runs (live progress) and after it ends 
 failure classification). A line is written and flushed before the phase it announces starts, so a
 rank that hangs or is killed still leaves the exact iteration and phase it stopped in.
 
-Line kinds: ``start`` (rank, world size, pid, device), ``phase`` (iteration, phase), ``iteration``
+Line kinds: ``start`` (rank, world size, pid, device kind), ``device`` (GPU name and SM, once the
+back end has set CUDA up), ``phase`` (iteration, phase), ``iteration``
 (loss, step time, allocated/reserved peaks), ``note`` (how the workload actually ran, e.g. a
 dispatcher fallback), ``error`` (iteration, phase, exception type and message, whether this rank's
 own loss was finite), ``done``.
@@ -88,7 +89,9 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
         evidence.last_time = event.get("t", evidence.last_time)
         kind = event.get("event")
         if kind == "start":
-            evidence.started, evidence.device_name, evidence.sm = True, event.get("device_name"), event.get("sm")
+            evidence.started = True
+        elif kind == "device":
+            evidence.device_name, evidence.sm = event["name"], event["sm"]
         elif kind == "phase":
             evidence.iteration, evidence.phase = event["iteration"], event["phase"]
         elif kind == "iteration":

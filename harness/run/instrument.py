@@ -38,16 +38,22 @@ class Instrument:
         self.events = EventWriter(row_dir, rank)
         self.iteration = 0
         self.phase_name: str | None = None
+        self.device_named = False
 
     def started(self, world_size: int) -> None:
-        device_name = sm = None
-        if self.device == "cuda":
-            import torch
+        """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
+        (the allocator's ``PYTORCH_CUDA_ALLOC_CONF``), and a back end may still have to set them."""
+        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(), device=self.device)
 
-            properties = torch.cuda.get_device_properties(int(os.environ.get("LOCAL_RANK", "0")))
-            device_name, sm = properties.name, f"{properties.major}.{properties.minor}"
-        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(), device=self.device,
-                         device_name=device_name, sm=sm)
+    def device_ready(self) -> None:
+        """Name this rank's GPU; back ends call it once they have set CUDA up (nothing on CPU)."""
+        if self.device != "cuda":
+            return
+        import torch
+
+        properties = torch.cuda.get_device_properties(torch.cuda.current_device())
+        self.events.emit("device", name=properties.name, sm=f"{properties.major}.{properties.minor}")
+        self.device_named = True
 
     def enter(self, iteration: int, name: str) -> None:
         """Mark the start of a phase (and give the fault hook its chance to fire there)."""
@@ -92,6 +98,9 @@ class Instrument:
             "error", iteration=self.iteration, phase=self.phase_name, type=type(exc).__name__,
             message=str(exc)[:2000], local_loss_finite=getattr(exc, "local_finite", None),
         )
+        if not self.device_named:  # failed before the back end named the GPU: the record still needs it
+            with contextlib.suppress(Exception):
+                self.device_ready()
 
     def finished(self) -> None:
         self.events.emit("done")

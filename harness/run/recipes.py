@@ -10,7 +10,10 @@ replace). Everything a user can get wrong is refused here, on one line, before a
 from __future__ import annotations
 
 import importlib.util
+import subprocess
+import sys
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -267,19 +270,54 @@ def check_layout(layout: Parallelism, world: int, where: str) -> None:
 
 
 def check_packages(recipe: Recipe) -> None:
-    """Refuse, before launching, a recipe whose packages this environment lacks."""
+    """Refuse, before launching, a recipe whose packages this environment lacks or cannot import."""
     for module in recipe.requires:
         if not importable(module):
             hint = _INSTALL_HINT.get(module, f"install the package that provides {module}")
             raise UsageError(f"recipe {recipe.name!r} needs {module}, which is not installed ({hint})")
+    failure = import_failure(recipe.requires) if recipe.device == "cuda" else None
+    if failure is not None:
+        module, reason = failure
+        raise UsageError(f"recipe {recipe.name!r} needs {module}, which is installed but does not import: {reason}")
 
 
 def importable(module: str) -> bool:
-    """Whether ``module`` can be imported here (found without importing it)."""
+    """Whether ``module`` is installed here (found without importing it)."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         return False
+
+
+_IMPORT_FAILED = "recompute-harness import failure"
+_IMPORT_PROGRAM = f"""
+import importlib, sys
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as exc:
+        print({_IMPORT_FAILED!r}, name, f"{{type(exc).__name__}}: {{exc}}".splitlines()[0], sep="\\t")
+        break
+"""
+
+
+def import_failure(modules: Sequence[str], timeout_s: float = 300.0) -> tuple[str, str] | None:
+    """The first of ``modules`` that fails to import, and the error; None when all import.
+
+    Installed is not enough on GPU machines: a Transformer Engine built against another CUDA, or one
+    that cannot find cuDNN, is found and then fails at import. The imports run in a child process so
+    that the caller never starts CUDA (a context on GPU 0 would cost the ranks memory).
+    """
+    try:
+        child = subprocess.run([sys.executable, "-c", _IMPORT_PROGRAM, *modules], capture_output=True, text=True,
+                               timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return ", ".join(modules), f"importing did not finish in {timeout_s:.0f} s"
+    failed = next((line for line in child.stdout.splitlines() if line.startswith(_IMPORT_FAILED)), None)
+    if failed is None:
+        return None if child.returncode == 0 else (", ".join(modules), f"the import crashed (exit {child.returncode})")
+    _, module, reason = failed.split("\t", 2)
+    return module, reason
 
 
 def with_world(recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> Recipe:

@@ -32,6 +32,7 @@ from harness.run.classify import Outcome, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
 from harness.run.launch import LaunchResult, local_commands, run_row, slurm_command
+from harness.run.preflight import check_bridge_rows
 from harness.run.recipes import CONTROL_ROW, Recipe, check_packages, parse_row
 
 
@@ -95,7 +96,8 @@ def check_labels(rows: list[str]) -> None:
 
 def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher = Launcher(),
                      rows: list[str] | None = None) -> None:
-    """Packages, labels, devices and fault ranks — the checks that need this machine, before any launch."""
+    """Packages, labels, devices, fault ranks and (bridge) Bridge's own config validation — the checks
+    that need this machine, before any launch."""
     check_packages(recipe)
     check_labels(sweep_rows(recipe, rows))
     if launcher.kind == "slurm":
@@ -118,6 +120,8 @@ def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher
             raise UsageError(f"fault {fault.spec()!r}: rank {fault.rank} is outside the {recipe.world_size}-rank world")
         if fault.iteration > recipe.train_iters:
             raise UsageError(f"fault {fault.spec()!r}: the recipe runs {recipe.train_iters} iterations")
+    if recipe.backend == "bridge":
+        check_bridge_rows(recipe, sweep_rows(recipe, rows))
 
 
 def sweep_dir(out: Path, recipe: Recipe) -> Path:

@@ -4,16 +4,25 @@ mamba-ssm, Megatron Bridge)."""
 
 from __future__ import annotations
 
+from functools import cache
+
 import pytest
 
-from harness.run.recipes import importable
+from harness.run.recipes import import_failure
+
+
+@cache
+def _import_failure(module: str) -> str | None:
+    failure = import_failure([module])
+    return None if failure is None else failure[1]
 
 
 def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bool = False,
             bridge: bool = False) -> str | None:
+    """``gpus=0``: no GPU at all (Bridge builds and validates its configs on the host)."""
     import torch
 
-    if not torch.cuda.is_available():
+    if gpus > 0 and not torch.cuda.is_available():
         return "needs CUDA: no CUDA device is visible"
     found = torch.cuda.device_count()
     if found < gpus:
@@ -24,8 +33,8 @@ def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bo
             return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
     for wanted, module, name in ((te, "transformer_engine", "Transformer Engine"), (mamba, "mamba_ssm", "mamba-ssm"),
                                  (bridge, "megatron.bridge", "Megatron Bridge 0.6.2")):
-        if wanted and not importable(module):
-            return f"needs {name}: `import {module}` fails"
+        if wanted and (reason := _import_failure(module)) is not None:
+            return f"needs {name}: `import {module}` fails ({reason})"
     return None
 
 

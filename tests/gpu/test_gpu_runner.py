@@ -68,6 +68,10 @@ def test_bridge_short_recipes(tmp_path, recipe_name, needs):
     recipe = load_recipe(recipe_name)
     _, results = run_sweep(recipe, _out(tmp_path), rows=[recipe.rows[1]])
     _assert_complete_with_per_rank_peaks(results, recipe.world_size)
+    for result in results:  # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches
+        extra = result.record["workload"]["extra"]
+        assert "env.PYTORCH_CUDA_ALLOC_CONF" in extra and "env_applied_after_cuda_init" not in extra
+        assert result.record["hardware"]["device"] != "unidentified"
 
 
 def test_moonlight_seed_study_matches_its_golden(tmp_path):

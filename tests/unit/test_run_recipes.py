@@ -12,11 +12,13 @@ from harness.cli import main
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.run.classify import Outcome, against_control, classify
-from harness.run.events import RankEvidence
+from harness.run.assemble import build_record
+from harness.run.events import EventWriter, RankEvidence, events_path, read_rank
 from harness.run.faults import parse_fault
 from harness.run.launch import LaunchResult, local_commands, slurm_command
 from harness.run.recipes import (
-    Parallelism, Recipe, check_layout, check_packages, check_recipe, load_recipe, parse_row, recipe_names, with_world,
+    Parallelism, Recipe, check_layout, check_packages, check_recipe, import_failure, load_recipe, parse_row,
+    recipe_names, with_world,
 )
 from harness.run.runner import sweep_rows
 from harness.run.slurm import SlurmOptions, sbatch_script
@@ -69,6 +71,35 @@ def test_unknown_recipe_and_missing_package_are_one_line_errors():
     values["requires"] = ["no_such_module_for_recompute_harness"]
     with pytest.raises(UsageError, match="needs no_such_module_for_recompute_harness, which is not installed"):
         check_packages(Recipe.from_dict(values))
+
+
+def test_an_installed_package_that_fails_to_import_is_refused_with_its_error(tmp_path, monkeypatch):
+    # Found is not importable: a Transformer Engine that cannot load cuDNN raises at import, like this one.
+    package = tmp_path / "extension_without_its_library"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('cudnn shared object not found.')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert import_failure(["json", "extension_without_its_library"]) == (
+        "extension_without_its_library", "RuntimeError: cudnn shared object not found.")
+    values = load_recipe("mcore-moonlight-1gpu").as_dict()
+    values["requires"] = ["extension_without_its_library"]
+    with pytest.raises(UsageError, match="installed but does not import: RuntimeError: cudnn shared object not found"):
+        check_packages(Recipe.from_dict(values))
+
+
+def test_the_record_names_the_gpu_a_rank_reported_and_never_guesses(tmp_path):
+    recipe, outcome = load_recipe("mcore-moonlight-1gpu"), Outcome("crash", 0, "model-build", (0,), "x")
+    writer = EventWriter(tmp_path, 0)
+    writer.emit("start", rank=0, world_size=1, pid=1, device="cuda")
+    writer.close()
+    unnamed = build_record(recipe, "[]", [read_rank(events_path(tmp_path, 0), 0)], outcome)
+    assert (unnamed["hardware"]["device"], unnamed["hardware"]["sm"]) == ("unidentified", None)
+    writer = EventWriter(tmp_path, 0)
+    writer.emit("device", name="NVIDIA H100 80GB HBM3", sm="9.0")
+    writer.close()
+    named = build_record(recipe, "[]", [read_rank(events_path(tmp_path, 0), 0)], outcome)
+    assert (named["hardware"]["device"], named["hardware"]["sm"], named["hardware"]["gpu_count"]) == ("H100_80GB", "9.0", 1)
 
 
 def test_mcore_backend_refuses_tensor_parallel():

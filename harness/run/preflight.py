@@ -1,0 +1,65 @@
+"""Before a bridge sweep launches: Megatron Bridge's own validation of every row's config, off the GPUs.
+
+A row that Bridge or Megatron Core refuses (full recompute under Nemotron's scoped CUDA graphs, say)
+is then a one-line error in under a minute, not a failed multi-GPU launch. The check runs in a child
+process: Bridge's import (~15 s) and the environment defaults it applies stay out of the runner,
+``CUDA_VISIBLE_DEVICES=""`` keeps it off the GPUs the rows will measure, and a child that hangs is
+killed with its process group.
+
+    python -m harness.run.preflight REQUEST.json VERDICTS.json   (the child; the runner writes the request)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.files import write_json_atomic
+from harness.run.recipes import Recipe
+
+TIMEOUT_S = 600.0
+
+
+def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOUT_S) -> None:
+    """Refuse the sweep, naming the row and Bridge's reason, when Bridge's validation rejects a row."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
+           "WORLD_SIZE": str(recipe.world_size)}  # Bridge derives the data-parallel size from the world
+    with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
+        request, verdicts = Path(scratch) / "request.json", Path(scratch) / "verdicts.json"
+        write_json_atomic(request, {"recipe": recipe.as_dict(), "rows": rows})
+        child = subprocess.Popen([sys.executable, "-m", "harness.run.preflight", str(request), str(verdicts)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                                 start_new_session=True)
+        try:
+            _, stderr = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.communicate()
+            raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check did not finish in "
+                             f"{timeout_s:g} s (killed)") from None
+        if child.returncode != 0 or not verdicts.exists():
+            last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "no message")
+            raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check failed: {last.strip()}")
+        refused: dict[str, str] = json.loads(verdicts.read_text(encoding="utf-8"))
+    if refused:
+        row, reason = next(iter(refused.items()))
+        more = f" ({len(refused) - 1} more rows refused: {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
+        raise UsageError(f"recipe {recipe.name!r} row {row!r}: Megatron Bridge refuses the config before launch: "
+                         f"{' '.join(reason.split())}{more}")
+
+
+def main(argv: list[str]) -> None:
+    from harness.run.backend_bridge import rejections
+
+    request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    write_json_atomic(Path(argv[1]), rejections(request["recipe"], request["rows"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

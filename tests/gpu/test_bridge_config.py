@@ -1,0 +1,87 @@
+"""GPU tier, Bridge half: the ``bridge`` back end's configs, checked by Megatron Bridge itself.
+
+No GPU is needed: Bridge builds its recipes and runs its pre-training validation
+(``runtime_config_update``) on the host. These tests need Transformer Engine and Megatron Bridge to
+import, which in practice means the GPU runners' image (or a CPU machine where TE's torch extension
+was built; see the note on issue 5), so they live in the ``gpu`` tier.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gates import require
+from harness.errors import UsageError
+from harness.run.preflight import check_bridge_rows
+from harness.run.recipes import load_recipe, parse_row, recipe_names
+
+pytestmark = pytest.mark.gpu
+
+BRIDGE_RECIPES = [name for name in recipe_names() if load_recipe(name).backend == "bridge"]
+
+
+@pytest.fixture(autouse=True)
+def _bridge(monkeypatch):
+    require(gpus=0, te=True, bridge=True)
+    monkeypatch.setenv("WORLD_SIZE", "1")  # replaced per recipe where Bridge needs the world
+
+
+def _as_worker_sees_it(name: str) -> dict[str, Any]:
+    return json.loads(json.dumps(load_recipe(name).as_dict()))  # the worker reads the recipe from JSON
+
+
+@pytest.mark.parametrize("name", BRIDGE_RECIPES)
+def test_recipe_rows_pass_bridge_validation(name, monkeypatch):
+    from harness.run.backend_bridge import rejections
+
+    recipe = load_recipe(name)
+    monkeypatch.setenv("WORLD_SIZE", str(recipe.world_size))
+    assert rejections(_as_worker_sees_it(name), list(recipe.rows)) == {}
+
+
+@pytest.mark.parametrize("name", BRIDGE_RECIPES)
+def test_short_run_sets_what_the_record_claims(name):
+    from megatron.core.transformer.enums import AttnBackend
+
+    from harness.run.backend_bridge import configure
+
+    recipe, spec = load_recipe(name), _as_worker_sees_it(name)
+    row = recipe.rows[-1]
+    cfg, _ = configure(spec, row)
+    model = cfg.model
+    for field, value in {"recompute_modules": None, **parse_row(row).as_config_kwargs()}.items():
+        assert getattr(model, field) == value, field
+    layout = recipe.parallelism
+    assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size,
+            model.expert_model_parallel_size) == (layout.tp, layout.pp, layout.cp, layout.ep)
+    assert model.attention_backend == AttnBackend[recipe.attention_backend]
+    assert (model.seq_length, cfg.dataset.seq_length) == (recipe.seq_length, recipe.seq_length)
+    assert (cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size) == (
+        recipe.train_iters, recipe.global_batch_size, recipe.micro_batch_size)
+    assert cfg.dataset.blend is None and cfg.dataset.blend_per_split is None  # mock data
+    assert (cfg.checkpoint.save, cfg.checkpoint.load, cfg.checkpoint.pretrained_checkpoint) == (None, None, None)
+    assert cfg.tokenizer.tokenizer_type == "NullTokenizer"
+    if isinstance(model.moe_layer_freq, list):
+        assert len(model.moe_layer_freq) == model.num_layers
+
+
+@pytest.mark.parametrize("name", BRIDGE_RECIPES)
+def test_steady_window_starts_after_cuda_graph_capture(name):
+    from harness.run.backend_bridge import configure
+
+    recipe = load_recipe(name)
+    cfg, _ = configure(_as_worker_sees_it(name), "[]")
+    if cfg.model.cuda_graph_impl in (None, "none"):
+        pytest.skip(f"Bridge's recipe for {name} captures no CUDA graphs")
+    # Bridge captures the graphs when `cuda_graph_warmup_steps` steps are done, i.e. in the next one.
+    capture = cfg.model.cuda_graph_warmup_steps + 1
+    assert recipe.steady_window[0] > capture, f"steady window {recipe.steady_window} includes the capture step {capture}"
+
+
+def test_full_recompute_under_scoped_cuda_graphs_is_refused_before_launch():
+    recipe = load_recipe("nemotron-3-nano-short-1gpu")
+    with pytest.raises(UsageError, match="row 'full-uniform-1'.*full recompute is only supported with full iteration"):
+        check_bridge_rows(recipe, ["[]", "full-uniform-1"])
