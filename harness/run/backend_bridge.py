@@ -53,7 +53,7 @@ from harness.run.instrument import Instrument
 from harness.run.recipes import Parallelism, parse_row
 
 # (path fragment, function name) of the outermost frame that places a failure in a phase.
-_PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
+PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
     ("training/setup.py", "", "model-build"),
     ("", "get_model", "model-build"),
     ("", "finalize_model_grads", "grad-sync"),
@@ -65,7 +65,7 @@ _PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
 
 def phase_from_traceback(exc: BaseException, iteration: int) -> str | None:
     for frame in traceback.extract_tb(exc.__traceback__):
-        for fragment, function, phase in _PHASE_FRAMES:
+        for fragment, function, phase in PHASE_FRAMES:
             if fragment in frame.filename.replace("\\", "/") and (not function or frame.name == function):
                 return "optimizer-init" if phase == "optimizer-step" and iteration == 1 else phase
     return None

@@ -85,3 +85,37 @@ def test_full_recompute_under_scoped_cuda_graphs_is_refused_before_launch():
     recipe = load_recipe("nemotron-3-nano-short-1gpu")
     with pytest.raises(UsageError, match="row 'full-uniform-1'.*full recompute is only supported with full iteration"):
         check_bridge_rows(recipe, ["[]", "full-uniform-1"])
+
+
+def test_rank_metrics_speaks_bridges_callback_api():
+    from dataclasses import fields
+
+    from megatron.bridge.training.callbacks import CallbackContext, CallbackManager
+    from megatron.bridge.training.state import GlobalState, TrainState
+
+    from harness.run.backend_bridge import RankMetrics
+
+    manager = CallbackManager()
+    for event in RankMetrics.EVENTS:
+        manager.register(event, lambda context: None)  # Bridge raises ValueError on an event it does not know
+    assert {"state", "loss_dict", "skipped_iter"} <= {field.name for field in fields(CallbackContext)}
+    assert isinstance(GlobalState.train_state, property)
+    assert {"step", "floating_point_operations_so_far"} <= {field.name for field in fields(TrainState)}
+
+
+def test_failure_phases_name_frames_that_exist_in_bridge_and_megatron_core():
+    import re
+    from pathlib import Path
+
+    import megatron.bridge
+    import megatron.core
+
+    from harness.run.backend_bridge import PHASE_FRAMES
+
+    sources = [path for package in (megatron.bridge, megatron.core)
+               for path in Path(package.__file__).parent.rglob("*.py")]
+    for fragment, function, phase in PHASE_FRAMES:
+        defines = re.compile(rf"^\s*def {re.escape(function)}\(", re.MULTILINE) if function else None
+        found = [path for path in sources if fragment in path.as_posix()
+                 and (defines is None or defines.search(path.read_text(encoding="utf-8", errors="replace")))]
+        assert found, f"no source file matches ({fragment!r}, {function!r}) for phase {phase!r}"
