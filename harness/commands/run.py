@@ -66,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
     with sigterm_as_exit(), LiveProgress(recipe.name, rows) as progress:
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
-                                       stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher)
+                                       stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher,
+                                       checked=True)
     print(f"records: {directory / 'records'}")
     _analysis(directory, [result.record for result in results])
     return EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED

@@ -141,9 +141,13 @@ def run_sweep(
     stall_timeout_s: float | None = None,
     progress: Progress | None = None,
     launcher: Launcher = Launcher(),
+    checked: bool = False,
 ) -> tuple[Path, list[RowResult]]:
+    """Run the rows; ``checked``: the caller has already run ``check_launchable`` (it costs a bridge
+    recipe two child processes, ~30 s)."""
     chosen = sweep_rows(recipe, rows)
-    check_launchable(recipe, faults, launcher, rows)
+    if not checked:
+        check_launchable(recipe, faults, launcher, rows)
     timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
     stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s
     directory = sweep_dir(out, recipe)
