@@ -2,8 +2,8 @@
 
 No GPU is needed: Bridge builds its recipes and runs its pre-training validation
 (``runtime_config_update``) on the host. These tests need Transformer Engine and Megatron Bridge to
-import, which in practice means the GPU runners' image (or a CPU machine where TE's torch extension
-was built; see the note on issue 5), so they live in the ``gpu`` tier.
+import, which means the GPU runners' image, or ``ci/bridge-config-cpu.sh`` on a CPU machine with the
+CUDA toolkit (it builds TE's torch extension there), so they live in the ``gpu`` tier.
 """
 
 from __future__ import annotations
