@@ -60,6 +60,16 @@ def rank_peaks(rank: int, peaks: Mapping[int, tuple[int, int | None]]) -> dict[s
     }
 
 
+def _hottest(ranks: Sequence[dict[str, Any]], reported: list[dict[int, dict[str, Any]]],
+             at: int | None) -> tuple[int | None, tuple[int | None, int | None]]:
+    """(rank, (allocated, reserved)) of the hottest rank after iteration ``at``; reserved is the max over ranks."""
+    if at is None:
+        return None, (None, None)
+    hottest = max(range(len(ranks)), key=lambda i: reported[i][at]["allocated_bytes"])
+    reserved = [r[at]["reserved_bytes"] for r in reported]
+    return ranks[hottest]["rank"], (reported[hottest][at]["allocated_bytes"], None if None in reserved else max(reserved))
+
+
 def headline(
     iterations: Sequence[dict[str, Any]],
     ranks: Sequence[dict[str, Any]],
@@ -69,19 +79,17 @@ def headline(
     """The numbers a verdict is made on.
 
     Peak: the hottest rank's post-optimizer allocated peak after iteration 2 (the skill's contract), or
-    after the last iteration every rank reported when the run stopped earlier. Step time and TFLOP/s:
+    after the last iteration every rank reported when the run stopped earlier. Run peak: the same after
+    the last iteration every rank reported. Step time and TFLOP/s:
     means over the steady window, skipping skipped and NaN iterations.
     """
     reported = [{p["iteration"]: p for p in r["peaks"]} for r in ranks]
     common = set.intersection(*(set(r) for r in reported)) if reported else set()
     at = HEADLINE_ITERATION if HEADLINE_ITERATION in common else max(common, default=None)
-    peak_allocated = peak_reserved = peak_rank = None
-    if at is not None:
-        hottest = max(range(len(ranks)), key=lambda i: reported[i][at]["allocated_bytes"])
-        peak_rank = ranks[hottest]["rank"]
-        peak_allocated = reported[hottest][at]["allocated_bytes"]
-        reserved = [r[at]["reserved_bytes"] for r in reported]
-        peak_reserved = None if None in reserved else max(reserved)
+    peak_rank, (peak_allocated, peak_reserved) = _hottest(ranks, reported, at)
+    # The allocator's peaks are never reset, so the last iteration every rank reported holds the run's
+    # peak: what grew after iteration 2 (CUDA-graph pools captured later, a leak) shows there.
+    _, (run_peak_allocated, run_peak_reserved) = _hottest(ranks, reported, max(common, default=None))
     step_time = tflops = None
     if steady_window is not None:
         first, last = steady_window
@@ -96,6 +104,8 @@ def headline(
         "peak_rank": peak_rank,
         "peak_after_iteration": at,
         "peak_scope": peak_scope if ranks else "unreported",
+        "run_peak_allocated_bytes": run_peak_allocated,
+        "run_peak_reserved_bytes": run_peak_reserved,
         "step_time_ms": step_time,
         "tflops_per_gpu": tflops,
     }

@@ -27,8 +27,8 @@ GOLDEN_SCHEMA_VERSION = 1
 TOLERANCE_MODES = ("relative", "exact")
 # Metrics of run and reference records that a golden row holds: headline values and iteration counts.
 RUN_METRICS = (
-    "peak_allocated_bytes", "peak_reserved_bytes", "peak_after_iteration",
-    "step_time_ms", "tflops_per_gpu", "skipped_iterations", "nan_iterations",
+    "peak_allocated_bytes", "peak_reserved_bytes", "peak_after_iteration", "run_peak_allocated_bytes",
+    "run_peak_reserved_bytes", "step_time_ms", "tflops_per_gpu", "skipped_iterations", "nan_iterations",
 )
 PIN_KEYS = ("megatron_core", "megatron_bridge", "torch", "transformer_engine", "cuda")
 

@@ -27,6 +27,8 @@ PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
 RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
 # The skill's measurement contract: the headline peak is the post-optimizer peak after iteration 2.
 HEADLINE_ITERATION = 2
+# Optional headline keys: the same peaks after the last iteration every rank reported (the run's peak).
+RUN_PEAK_KEYS = ("run_peak_allocated_bytes", "run_peak_reserved_bytes")
 # Metrics every CPU-probe record carries (more are allowed; all are finite and non-negative).
 CPU_PROBE_METRICS = ("retained_bytes", "backward_flops", "replay_bytes")
 
@@ -279,7 +281,10 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
         metrics["headline"], "metrics.headline",
         ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rank", "peak_after_iteration", "peak_scope",
          "step_time_ms", "tflops_per_gpu"),
+        RUN_PEAK_KEYS,  # measured runs; a transcribed source states only the headline peak
     )
+    for key in RUN_PEAK_KEYS:
+        check.integer(headline.get(key), f"metrics.headline.{key}", nullable=True)
     check.integer(headline["peak_allocated_bytes"], "metrics.headline.peak_allocated_bytes", nullable=True)
     check.integer(headline["peak_reserved_bytes"], "metrics.headline.peak_reserved_bytes", nullable=True)
     check.integer(headline["peak_rank"], "metrics.headline.peak_rank", nullable=True)
@@ -308,6 +313,13 @@ def _check_headline_matches_ranks(check: _Checker, headline: dict, ranks: list) 
     if headline["peak_allocated_bytes"] != max(values):
         check.fail("metrics.headline.peak_allocated_bytes",
                    f"{headline['peak_allocated_bytes']} is not the hottest rank's peak after iteration {at} ({max(values)})")
+    if headline.get("run_peak_allocated_bytes") is not None:
+        last = max(set.intersection(*({peak["iteration"] for peak in rank["peaks"]} for rank in ranks)))
+        run_peak = max(peak["allocated_bytes"] for rank in ranks for peak in rank["peaks"] if peak["iteration"] == last)
+        if headline["run_peak_allocated_bytes"] != run_peak:
+            check.fail("metrics.headline.run_peak_allocated_bytes",
+                       f"{headline['run_peak_allocated_bytes']} is not the hottest rank's peak after iteration "
+                       f"{last} ({run_peak})")
 
 
 def _check_cpu_probe_metrics(check: _Checker, metrics: Any) -> None:

@@ -31,6 +31,7 @@ def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
                 assert 0 < peak["allocated_bytes"] <= peak["reserved_bytes"]
         headline = result.record["metrics"]["headline"]
         assert headline["peak_after_iteration"] == 2 and headline["step_time_ms"] > 0
+        assert headline["run_peak_allocated_bytes"] >= headline["peak_allocated_bytes"]
         assert result.record["metrics"]["nan_iterations"] == 0
 
 

@@ -14,13 +14,15 @@ REVISIONS = {
 
 def run_record(*modules: str, peak: int = 30_000_000_000, step_ms: float = 400.0, status: str = "completed",
                iterations: int = 6, died_in: int | None = None, revisions: dict | None = None, model: str = "tiny",
-               gpus: int = 2, record_id: str | None = None) -> dict:
-    """A completed run (or one that failed in the forward of iteration ``died_in``), one row per rank."""
+               gpus: int = 2, record_id: str | None = None, growth_after: int | None = None) -> dict:
+    """A completed run (or one that failed in the forward of iteration ``died_in``), one row per rank.
+    ``growth_after``: the peaks grow by 1 GB after that iteration (a pool allocated later in the run)."""
     if status != "completed" and died_in is None:
         died_in = iterations
     done = iterations if status == "completed" else died_in - 1
     rows = [iteration_row(i, step_time_ms=step_ms, loss=2.0, tflops_per_gpu=100.0) for i in range(1, done + 1)]
-    ranks = [rank_peaks(r, {i: (peak - 1000 * r, peak + 10**9) for i in range(1, done + 1)}) for r in range(gpus)]
+    grown = [peak + (10**9 if growth_after is not None and i > growth_after else 0) for i in range(done + 1)]
+    ranks = [rank_peaks(r, {i: (grown[i] - 1000 * r, grown[i] + 10**9) for i in range(1, done + 1)}) for r in range(gpus)]
     return new_record(
         "run",
         record_id=record_id,

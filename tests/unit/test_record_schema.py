@@ -25,6 +25,16 @@ def test_constructor_computes_headline_from_hottest_rank_after_iteration_2():
     assert (headline["peak_allocated_bytes"], headline["peak_rank"], headline["peak_after_iteration"]) == (55, 1, 2)
     assert headline["peak_reserved_bytes"] == 65
     assert headline["step_time_ms"] == pytest.approx(350.0)
+    # the run's peak: the hottest rank after the last iteration every rank reported
+    assert (headline["run_peak_allocated_bytes"], headline["run_peak_reserved_bytes"]) == (99, 99)
+
+
+def test_a_run_peak_that_disagrees_with_the_ranks_is_refused(tmp_path):
+    record = run_record(growth_after=4)
+    record["metrics"]["headline"]["run_peak_allocated_bytes"] = record["metrics"]["headline"]["peak_allocated_bytes"]
+    (tmp_path / "r.json").write_text(json.dumps(record))
+    with pytest.raises(UsageError, match="run_peak_allocated_bytes: 30000000000 is not the hottest rank's peak after iteration 6"):
+        load_records([tmp_path])
 
 
 def test_run_that_died_in_iteration_2_reports_the_last_common_iteration():
