@@ -119,3 +119,20 @@ def test_failure_phases_name_frames_that_exist_in_bridge_and_megatron_core():
         found = [path for path in sources if fragment in path.as_posix()
                  and (defines is None or defines.search(path.read_text(encoding="utf-8", errors="replace")))]
         assert found, f"no source file matches ({fragment!r}, {function!r}) for phase {phase!r}"
+
+
+def test_train_calls_pretrain_the_way_bridge_defines_it():
+    # Read from source: importing `pretrain` needs nvidia-resiliency-ext, whose wheels for Bridge 0.6's
+    # MCore (>= 0.6) need glibc 2.39, so ci/bridge-config-cpu.sh cannot install it on Debian 12.
+    import ast
+    from pathlib import Path
+
+    import megatron.bridge
+    from megatron.bridge.training.gpt_step import forward_step  # noqa: F401  (train passes it on)
+
+    source = Path(megatron.bridge.__file__).parent.joinpath("training", "pretrain.py").read_text(encoding="utf-8")
+    (pretrain,) = [node for node in ast.parse(source).body
+                   if isinstance(node, ast.FunctionDef) and node.name == "pretrain"]
+    parameters = [arg.arg for arg in pretrain.args.args + pretrain.args.kwonlyargs]
+    # train() calls pretrain(cfg, forward_step, callbacks=...)
+    assert parameters[:2] == ["config", "forward_step_func"] and "callbacks" in parameters
