@@ -14,7 +14,6 @@ import faulthandler
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.config.fields import RecomputeFields
+from harness.processes import kill_group
 from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
 
@@ -100,10 +100,7 @@ class IsolatedProbe:
         """SIGKILL the child's whole process group (it runs in its own session)."""
         if self.process.poll() is not None:
             return
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        kill_group(self.process.pid)
         self.process.wait(timeout=10)
 
 

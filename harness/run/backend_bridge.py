@@ -234,10 +234,15 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str) -> tuple[Any, dict[str
     return cfg, {} if dispatcher is None else {"moe_dispatcher": dispatcher}
 
 
+def _bridge_recipe(recipe: dict[str, Any]) -> Any:
+    """Bridge's own recipe config, before the harness's overrides."""
+    options = recipe["backend_options"]
+    return RECIPES[options["recipe"]](options)
+
+
 def configure(recipe: dict[str, Any], row: str) -> tuple[Any, dict[str, str]]:
     """Bridge's config for this harness recipe and row, and notes for the record."""
-    options = recipe["backend_options"]
-    return short_run(RECIPES[options["recipe"]](options), recipe, row)
+    return short_run(_bridge_recipe(recipe), recipe, row)
 
 
 def rejections(recipe: dict[str, Any], rows: list[str]) -> dict[str, str]:
@@ -245,8 +250,7 @@ def rejections(recipe: dict[str, Any], rows: list[str]) -> dict[str, str]:
     the first thing ``pretrain`` does) refuses, with the reason. Needs no GPU; Bridge's recipe is built once."""
     from megatron.bridge.training.config import runtime_config_update
 
-    options = recipe["backend_options"]
-    base = RECIPES[options["recipe"]](options)
+    base = _bridge_recipe(recipe)
     refused = {}
     for row in rows:
         cfg, _ = short_run(copy.deepcopy(base), recipe, row)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.processes import kill_group
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -104,22 +105,15 @@ def processes_with_token(token: str) -> list[int]:
     return found
 
 
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
 def _stop(procs: list[subprocess.Popen], token: str) -> list[int]:
     for proc in procs:
-        _signal_group(proc, signal.SIGTERM)
+        kill_group(proc.pid, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
         time.sleep(0.1)
     for proc in procs:
         if proc.poll() is None:
-            _signal_group(proc, signal.SIGKILL)
+            kill_group(proc.pid)
         proc.wait()
     return _sweep(token)
 

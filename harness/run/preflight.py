@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 from harness.errors import UsageError
 from harness.files import write_json_atomic
+from harness.processes import run_bounded
 from harness.run.recipes import Recipe
 
 TIMEOUT_S = 600.0
@@ -33,18 +32,13 @@ def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOU
     with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
         request, verdicts = Path(scratch) / "request.json", Path(scratch) / "verdicts.json"
         write_json_atomic(request, {"recipe": recipe.as_dict(), "rows": rows})
-        child = subprocess.Popen([sys.executable, "-m", "harness.run.preflight", str(request), str(verdicts)],
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                                 start_new_session=True)
-        try:
-            _, stderr = child.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
-            child.communicate()
+        child = run_bounded([sys.executable, "-m", "harness.run.preflight", str(request), str(verdicts)],
+                            timeout_s=timeout_s, env=env)
+        if child is None:
             raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check did not finish in "
-                             f"{timeout_s:g} s (killed)") from None
+                             f"{timeout_s:g} s (killed)")
         if child.returncode != 0 or not verdicts.exists():
-            last = next((line for line in reversed(stderr.splitlines()) if line.strip()), "no message")
+            last = next((line for line in reversed(child.stderr.splitlines()) if line.strip()), "no message")
             raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check failed: {last.strip()}")
         refused: dict[str, str] = json.loads(verdicts.read_text(encoding="utf-8"))
     if refused:

@@ -10,7 +10,6 @@ replace). Everything a user can get wrong is refused here, on one line, before a
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 import tomllib
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from typing import Any
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
+from harness.processes import run_bounded
 
 BACKENDS = ("bridge", "mcore")
 DEVICES = ("cuda", "cpu")
@@ -308,10 +308,8 @@ def import_failure(modules: Sequence[str], timeout_s: float = 300.0) -> tuple[st
     that cannot find cuDNN, is found and then fails at import. The imports run in a child process so
     that the caller never starts CUDA (a context on GPU 0 would cost the ranks memory).
     """
-    try:
-        child = subprocess.run([sys.executable, "-c", _IMPORT_PROGRAM, *modules], capture_output=True, text=True,
-                               timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
+    child = run_bounded([sys.executable, "-c", _IMPORT_PROGRAM, *modules], timeout_s=timeout_s)
+    if child is None:
         return ", ".join(modules), f"importing did not finish in {timeout_s:.0f} s"
     failed = next((line for line in child.stdout.splitlines() if line.startswith(_IMPORT_FAILED)), None)
     if failed is None:
