@@ -19,7 +19,6 @@ from harness.record.golden import row_label
 class Selection:
     target_gb: float
     chosen: str | None
-    chosen_record: str | None
     peak_allocated_gb: float | None
     step_time_ms: float | None
     considered: list[tuple[str, str]]  # (label, why it was or was not chosen)
@@ -45,10 +44,10 @@ def select(records: Sequence[dict[str, Any]], target_gb: float) -> Selection:
     for record in fitting[1:]:
         considered.append((row_label(record), f"fits, but slower ({record['metrics']['headline']['step_time_ms']:.2f} ms)"))
     if not fitting:
-        return Selection(target_gb, None, None, None, None, considered)
+        return Selection(target_gb, None, None, None, considered)
     best = fitting[0]
     headline = best["metrics"]["headline"]
     return Selection(
-        target_gb, row_label(best), best["id"],
+        target_gb, row_label(best),
         headline["peak_allocated_bytes"] / GB, headline["step_time_ms"], considered,
     )
