@@ -1,6 +1,6 @@
 """Wall time of the CPU runner path (target: the 2-rank test sweep in <= 30 s on the 2-core CI machine).
 
-Runs the ``cpu-moonlight-ep2`` sweep exactly as tests/unit/test_runner_cpu.py does (real torchrun,
+Runs the ``cpu-moonlight-ep2`` sweep exactly as tests/unit/run/test_runner.py does (real torchrun,
 gloo, 2 ranks EP2, the [] control + one row, 4 steps each) and prints per-row and total wall time,
 split into launch-to-first-report (torchrun + imports) and model build + training.
 

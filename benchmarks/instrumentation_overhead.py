@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import statistics
@@ -39,7 +40,7 @@ class BareInstrument:
 
 
 def _world_of_one() -> None:
-    from harness.run.launch import free_port
+    from harness.run.torchrun import free_port
 
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())})
@@ -65,16 +66,15 @@ def main() -> None:
     from harness.run.instrument import Instrument
     from harness.run.recipes import load_recipe
 
-    recipe = load_recipe(args.recipe).as_dict()
-    recipe.update(device="cpu" if args.cpu else "cuda", nnodes=1, nproc_per_node=1,
-                  parallelism={**recipe["parallelism"], "ep": 1})
+    base = load_recipe(args.recipe)
+    recipe = dataclasses.replace(base, device="cpu" if args.cpu else "cuda", nnodes=1, nproc_per_node=1,
+                                 parallelism=dataclasses.replace(base.parallelism, ep=1))
     if not args.cpu:
         _world_of_one()
-    spec = {"recipe": recipe, "row": args.row}
-    device = recipe["device"]
+    device = recipe.device
     with tempfile.TemporaryDirectory() as events_dir:
         instrument = Instrument(Path(events_dir), 0, device)
-        training = build(spec, instrument)
+        training = build(recipe, args.row, instrument)
         bare = BareInstrument()
         iteration = 0
         for _ in range(args.warmup):

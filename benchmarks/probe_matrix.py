@@ -13,7 +13,7 @@ import time
 
 START = time.monotonic()
 
-from harness.cpu.models import STYLE_MODELS  # noqa: E402  (timed on purpose)
+from harness.models import STYLE_MODELS  # noqa: E402  (timed on purpose)
 from harness.probe.runner import probe_models  # noqa: E402
 from harness.probe.table import probe_table  # noqa: E402
 

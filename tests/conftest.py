@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
-
-GOLDEN_DIR = Path(__file__).parent / "golden"
 
 # HYPOTHESIS_PROFILE=ci (default: derandomized, no deadline) | dev | nightly (>=100k examples/property)
 settings.register_profile(
@@ -29,10 +26,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture
 def golden_check(record_property):
     """One-call golden check: ``golden_check(records)`` compares with the golden of the records' own
-    recipe × hardware × revision pins under tests/golden/ and records JUnit properties (issue 3)."""
-    from harness.compare.golden_check import check_against_golden
+    recipe × hardware × revision pins under the golden root and records JUnit properties."""
+    from harness.record.golden_dir import golden_root
+    from harness.testing import check_against_golden
 
-    def check(records, golden=GOLDEN_DIR):
-        return check_against_golden(records, golden, record_property)
+    def check(records, golden=None):
+        return check_against_golden(records, golden_root() if golden is None else golden, record_property)
 
     return check

@@ -7,19 +7,18 @@ import shlex
 import sys
 from pathlib import Path
 
+from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK
+from harness.record.golden_dir import golden_root
 from harness.record.io import load_records
 from harness.record.refresh import plan_refresh, write_refresh
 from harness.report.markdown import emit, refresh_markdown
-
-DEFAULT_GOLDEN_DIR = Path("tests/golden")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True, parser_class=type(parser))
     refresh = actions.add_parser("refresh", help="write the golden for the records' recipe × hardware × revision pins")
     refresh.add_argument("records", nargs="+", type=Path, help="fresh run record files or directories of them")
-    refresh.add_argument("--golden-dir", type=Path, default=DEFAULT_GOLDEN_DIR, help="default: tests/golden")
+    add_golden_dir(refresh)
     refresh.add_argument("--allow-failed", action="store_true", help="accept rows that did not complete (expected OOMs)")
     refresh.add_argument("--allow-partial", action="store_true", help="accept a set missing rows of the previous golden")
     refresh.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
@@ -27,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     command = "recompute-harness " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
-    plans = plan_refresh(load_records(args.records), args.golden_dir, command, args.allow_failed, args.allow_partial)
+    plans = plan_refresh(load_records(args.records), golden_root(args.golden_dir), command, args.allow_failed, args.allow_partial)
     if not args.dry_run:
         write_refresh(plans)
     for plan in plans:

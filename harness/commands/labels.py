@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_FAILED, EXIT_OK
 
 
@@ -12,20 +13,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--json", action="store_true", help="print fingerprint and labels as JSON")
     action.add_argument(
-        "--write-manifest", action="store_true", help="pin the labels for this fingerprint in tests/golden/labels/"
+        "--write-manifest", action="store_true", help="pin the labels for this fingerprint in the golden root's labels/"
     )
     action.add_argument("--check", action="store_true", help="compare the labels with the pinned manifest")
+    add_golden_dir(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.config.labels import accepted_labels, manifest_problem, write_manifest
+    from harness.config.labels import accepted_labels
     from harness.config.revisions import collect_revisions
+    from harness.record.label_manifest import manifest_problem, write_manifest
 
     if args.write_manifest:
-        print(f"wrote {write_manifest()}")
+        print(f"wrote {write_manifest(args.golden_dir)}")
         return EXIT_OK
     if args.check:
-        problem = manifest_problem()
+        problem = manifest_problem(args.golden_dir)
         print(problem or "recompute labels match the manifest")
         return EXIT_FAILED if problem else EXIT_OK
     labels = sorted(accepted_labels())

@@ -6,7 +6,7 @@ import argparse
 import time
 
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.matrix.rules import RULES, VALIDATOR
+from harness.config.rules import RULES, VALIDATOR
 from harness.report.markdown import table
 
 DEFAULT_CHECK_COUNT = 20_000

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 
@@ -29,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     golden.add_argument("--check-golden", action="store_true",
                         help="compare with the CPU golden of the installed revision (exit 1 on any change)")
     golden.add_argument("--write-golden", action="store_true", help="write the CPU golden from this run")
+    add_golden_dir(parser)
 
 
 def _sizes(args: argparse.Namespace) -> dict[str, int]:
@@ -48,7 +50,7 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.cpu.models import STYLE_MODELS, style_model
+    from harness.models import STYLE_MODELS, style_model
 
     if args.list:
         for style in STYLE_MODELS.values():
@@ -81,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
         for probe in probes:
             if args.write_golden:
-                print(f"wrote {write_probe_golden(probe)}")
+                print(f"wrote {write_probe_golden(probe, args.golden_dir)}")
                 continue
-            path, problems = check_probe_golden(probe)
+            path, problems = check_probe_golden(probe, args.golden_dir)
             print(f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}")
             for problem in problems:
                 print(f"  {problem}")

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         recipe = with_world(recipe, nproc_per_node=args.nproc_per_node)
     faults = [parse_fault(spec) for spec in args.inject_fault]
 
-    from harness.run.launch import sigterm_as_exit
+    from harness.run.torchrun import sigterm_as_exit
     from harness.run.progress import LiveProgress
     from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 

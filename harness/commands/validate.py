@@ -9,11 +9,10 @@ import argparse
 import json
 from typing import Any
 
-from harness.config.fields import RecomputeFields
+from harness.config.fields import RecomputeFields, parse_labels
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 RECOMPUTE_FIELDS = tuple(RecomputeFields().as_dict())
-SUPERSEDED_RULE = "semantics.full-supersedes-selective"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,16 +38,6 @@ def _utf8(text: str, what: str) -> str:
     return text
 
 
-def _labels(text: str) -> list[str]:
-    if text == "":
-        return []
-    labels = text.split(",")
-    for label in labels:
-        if not label or label != label.strip() or " " in label:
-            raise UsageError(f"--modules {text!r}: labels must be non-empty and contain no spaces")
-    return labels
-
-
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
     from harness.config.coerce import coerce_field, field_types, parse_assignment
     from harness.config.validate import config_class_for
@@ -60,7 +49,7 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     for name, _ in assignments:
         if name in RECOMPUTE_FIELDS:
             raise UsageError(f"--set {name}: use --granularity / --modules / --method / --num-layers")
-    modules = None if args.modules is None else tuple(_labels(args.modules))
+    modules = None if args.modules is None else () if args.modules == "" else parse_labels(args.modules, ",", f"--modules {args.modules!r}")
     fields: dict[str, Any] = RecomputeFields(args.granularity, modules, args.method, args.num_layers).as_config_kwargs()
     # multi_latent_attention picks the config class whose field types the other values follow.
     mla = dict(assignments).get("multi_latent_attention")
@@ -76,6 +65,7 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from harness.config.rules import SUPERSEDED_RULE
     from harness.config.validate import validate
 
     fields = _fields(args)

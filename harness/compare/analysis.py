@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from harness.errors import UsageError
-from harness.record.golden import pins_of, row_label
+from harness.record.model import Outcome, Record
 from harness.record.schema import PHASES
 
 GB = 1e9
@@ -55,22 +55,22 @@ class Analysis:
                 "rows": [asdict(row) for row in self.rows], "conclusions": self.conclusions}
 
 
-def _configuration(record: dict[str, Any]) -> dict[str, Any]:
+def _configuration(record: Record) -> dict[str, Any]:
     """Everything that must be equal for two records to be a matched comparison."""
-    workload = record["workload"]
-    config: dict[str, Any] = {"kind": record["kind"]}
+    workload = record.workload.to_json()
+    config: dict[str, Any] = {"kind": record.kind}
     config.update({key: value for key, value in workload.items() if key not in ("parallelism", "extra")})
     config.update({f"parallelism.{key}": value for key, value in workload["parallelism"].items()})
-    config.update({f"hardware.{key}": record["hardware"][key] for key in ("device", "gpu_count")})
-    config.update({f"revisions.{key}": repr(value) for key, value in pins_of(record).items()})
+    config.update({f"hardware.{key}": value for key, value in record.hardware.profile().items()})
+    config.update({f"revisions.{key}": repr(value) for key, value in record.pins().items()})
     return config
 
 
-def require_matched(records: Sequence[dict[str, Any]]) -> None:
+def require_matched(records: Sequence[Record]) -> None:
     """Refuse records that differ in anything but the recompute fields, naming what differs."""
     if not records:
         raise UsageError("no records to analyse")
-    probes = [r["id"] for r in records if r["kind"] == "cpu-probe"]
+    probes = [r.id for r in records if r.kind == "cpu-probe"]
     if probes:
         raise UsageError(f"{probes[0]}: CPU-probe records are checked against CPU goldens, not analysed as runs")
     configs = [_configuration(record) for record in records]
@@ -86,31 +86,29 @@ def require_matched(records: Sequence[dict[str, Any]]) -> None:
         )
 
 
-def is_control(record: dict[str, Any]) -> bool:
+def is_control(record: Record) -> bool:
     """The skill's matched no-recompute control: selective granularity with an empty module list."""
-    recompute = record["recompute"]
-    return recompute["recompute_granularity"] == "selective" and recompute["recompute_modules"] == []
+    return record.recompute.is_control
 
 
-def completed(record: dict[str, Any]) -> bool:
+def completed(record: Record) -> bool:
     """A pass: completed through several steady steps, with a measured step time and no NaN iterations."""
-    metrics = record["metrics"]
-    window = metrics["steady_window"]
+    metrics = record.run_metrics
+    window = metrics.steady_window
     return (
-        record["outcome"]["status"] == "completed"
-        and metrics["headline"]["step_time_ms"] is not None
-        and window is not None and window["last"] > window["first"]
-        and not metrics["nan_iterations"]
+        record.outcome.status == "completed"
+        and metrics.headline["step_time_ms"] is not None
+        and window is not None and window.last > window.first
+        and not metrics.nan_iterations
     )
 
 
-def _progress(record: dict[str, Any]) -> tuple[int, int] | None:
+def _progress(record: Record) -> tuple[int, int] | None:
     """How far a run got: (iteration, phase order); None when the record does not say."""
-    outcome = record["outcome"]
-    if outcome["iteration"] is None:
+    outcome = record.outcome
+    if outcome.iteration is None:
         return None
-    phase = outcome["phase"]
-    return outcome["iteration"], -1 if phase is None else PHASES.index(phase)
+    return outcome.iteration, -1 if outcome.phase is None else PHASES.index(outcome.phase)
 
 
 def _pct(value: float | None, base: float | None) -> float | None:
@@ -119,38 +117,29 @@ def _pct(value: float | None, base: float | None) -> float | None:
     return (value - base) / base * 100.0
 
 
-def _stage(outcome: dict[str, Any]) -> str:
-    parts = [outcome["status"]]
-    if outcome["iteration"] is not None:
-        parts.append(f"iteration {outcome['iteration']}")
-    for key in ("phase", "site"):
-        if outcome.get(key):
-            parts.append(outcome[key])
-    if outcome["ranks"]:
-        parts.append("rank " + ",".join(map(str, outcome["ranks"])))
+def _stage(outcome: Outcome) -> str:
+    parts = [outcome.status]
+    if outcome.iteration is not None:
+        parts.append(f"iteration {outcome.iteration}")
+    parts += [part for part in (outcome.phase, outcome.site) if part]
+    if outcome.ranks:
+        parts.append("rank " + ",".join(map(str, outcome.ranks)))
     return " ".join(parts)
 
 
-def width(recompute: dict[str, Any]) -> int:
-    """How broad a boundary is: [] < one label < two labels < ... < full-layer recompute."""
-    if recompute["recompute_granularity"] == "full":
-        return 1_000
-    return len(recompute["recompute_modules"] or ())
-
-
-def _row(record: dict[str, Any], control: dict[str, Any] | None) -> Row:
-    headline = record["metrics"]["headline"]
+def _row(record: Record, control: Record | None) -> Row:
+    headline = record.headline
     peak, reserved = headline["peak_allocated_bytes"], headline["peak_reserved_bytes"]
     allocated_pct = reserved_pct = time_pct = None
     note = ""
     if control is not None and record is not control:
-        base = control["metrics"]["headline"]
+        base = control.headline
         # Peaks are comparable only at the same checkpoint, over the same ranks.
-        if (headline["peak_after_iteration"], headline["peak_scope"]) == (base["peak_after_iteration"], base["peak_scope"]):
+        if (headline["peak_after_iteration"], headline.peak_scope) == (base["peak_after_iteration"], base.peak_scope):
             allocated_pct = _pct(peak, base["peak_allocated_bytes"])
             reserved_pct = _pct(reserved, base["peak_reserved_bytes"])
         elif peak is not None and base["peak_allocated_bytes"] is not None:
-            def when(h: dict[str, Any]) -> str:
+            def when(h: Any) -> str:
                 it = h["peak_after_iteration"]
                 return f"after iteration {it}" if it is not None else "at an unstated checkpoint"
 
@@ -158,10 +147,10 @@ def _row(record: dict[str, Any], control: dict[str, Any] | None) -> Row:
         if completed(record) and completed(control):
             time_pct = _pct(headline["step_time_ms"], base["step_time_ms"])
     return Row(
-        label=row_label(record),
-        record=record["id"],
-        status=record["outcome"]["status"],
-        stage=_stage(record["outcome"]),
+        label=record.label,
+        record=record.id,
+        status=record.outcome.status,
+        stage=_stage(record.outcome),
         peak_allocated_gb=None if peak is None else peak / GB,
         peak_after_iteration=headline["peak_after_iteration"],
         peak_reserved_gb=None if reserved is None else reserved / GB,
@@ -175,14 +164,14 @@ def _row(record: dict[str, Any], control: dict[str, Any] | None) -> Row:
     )
 
 
-def _failed_verdict(row: Row, record: dict[str, Any], control: dict[str, Any] | None) -> None:
+def _failed_verdict(row: Row, record: Record, control: Record | None) -> None:
     """Failed rows: did the boundary get further than the control (progress or matched peak)?"""
     if control is None or completed(control):
         row.note = row.note or "failed where the control completed"
         return
     mine, theirs = _progress(record), _progress(control)
     relief = row.allocated_vs_control_pct is not None and row.allocated_vs_control_pct <= -MATERIAL_SAVING_PCT
-    if record["outcome"]["status"] == "advanced-but-failed" or (mine and theirs and mine > theirs):
+    if record.outcome.status == "advanced-but-failed" or (mine and theirs and mine > theirs):
         row.verdict, row.note = "advanced-but-failed", "got further than the control but still failed; not a pass"
     elif relief and mine is not None and theirs is not None and mine >= theirs:
         row.verdict = "advanced-but-failed"
@@ -192,7 +181,7 @@ def _failed_verdict(row: Row, record: dict[str, Any], control: dict[str, Any] | 
         row.note = "failed earlier than the control"
 
 
-def _rank_passing(rows: list[Row], records: dict[str, dict[str, Any]], control_completed: bool) -> None:
+def _rank_passing(rows: list[Row], records: dict[str, Record], control_completed: bool) -> None:
     """Rank passing rows with a material saving that no other row beats on both memory and time."""
     passing = [row for row in rows if row.verdict == "pass"]
     if control_completed:
@@ -209,7 +198,7 @@ def _rank_passing(rows: list[Row], records: dict[str, dict[str, Any]], control_c
     else:
         candidates = passing  # the control did not complete: any passing row is relief
     # Pareto front on (step time, allocated peak), walked from the cheapest row.
-    ordered = sorted(candidates, key=lambda r: (r.step_time_ms, r.peak_allocated_gb or 0.0, width(records[r.record]["recompute"])))
+    ordered = sorted(candidates, key=lambda r: (r.step_time_ms, r.peak_allocated_gb or 0.0, records[r.record].recompute.width))
     ranked: list[Row] = []
     for row in ordered:
         dominating = next((r for r in ranked if row.peak_allocated_gb is not None and r.peak_allocated_gb is not None
@@ -221,18 +210,18 @@ def _rank_passing(rows: list[Row], records: dict[str, dict[str, Any]], control_c
         row.rank = len(ranked)
 
 
-def analyse(records: Sequence[dict[str, Any]]) -> Analysis:
+def analyse(records: Sequence[Record]) -> Analysis:
     """The matched table and its conclusions; refuses unmatched sets and sets without a ``[]`` control."""
     require_matched(records)
     controls = [record for record in records if is_control(record)]
     first = records[0]
     if not controls:
         raise UsageError(
-            f"cannot rank recompute rows of {first['workload']['recipe']}: no matched [] control "
+            f"cannot rank recompute rows of {first.workload.recipe}: no matched [] control "
             "(a selective row with recompute_modules=[] measured in the same configuration)"
         )
     control = controls[0]
-    by_id = {record["id"]: record for record in records}
+    by_id = {record.id: record for record in records}
     rows = [_row(record, control) for record in records]
     for row in rows:
         if row.verdict == "failed":
@@ -242,7 +231,7 @@ def analyse(records: Sequence[dict[str, Any]]) -> Analysis:
         control_row.note = f"control did not complete ({control_row.stage}): no steady-state timing to compare"
     _rank_passing(rows, by_id, completed(control))
     rows.sort(key=lambda r: (r.verdict != "control", r.rank is None, r.rank or 0, r.label))
-    analysis = Analysis(recipe=first["workload"]["recipe"], model=first["workload"]["model"], control=control_row.label, rows=rows)
+    analysis = Analysis(recipe=first.workload.recipe, model=first.workload.model, control=control_row.label, rows=rows)
     analysis.conclusions = _conclusions(rows)
     return analysis
 

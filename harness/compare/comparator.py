@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from harness.errors import UsageError
-from harness.record.golden import hardware_of, pins_of, row_label, row_values
-
-# Direction of "better" for relative metrics (everything else: lower is better).
-HIGHER_IS_BETTER = frozenset({"tflops_per_gpu"})
+from harness.record.golden import Golden, golden_values
+from harness.record.metrics import higher_is_better
+from harness.record.model import Record
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,7 @@ def refresh_command(golden_path: str, record_sources: Sequence[str] = ("RECORD..
     return f"recompute-harness golden refresh --golden-dir {Path(golden_path).parent} {' '.join(record_sources)}"
 
 
-def identity_differences(golden: dict[str, Any], record: dict[str, Any]) -> list[str]:
+def identity_differences(golden: Golden, record: Record) -> list[str]:
     """Every pin, hardware or recipe field where ``record`` differs from ``golden``.
 
     A pin the golden leaves null was not recorded by its source (e.g. the skill card gives commits, no
@@ -63,15 +62,15 @@ def identity_differences(golden: dict[str, Any], record: dict[str, Any]) -> list
     differences = []
     # A GPU run may be judged against a transcribed reference golden of its exact pins; a CPU probe only
     # against CPU-probe goldens.
-    if (record["kind"] == "cpu-probe") != (golden["kind"] == "cpu-probe"):
-        differences.append(f"kind {golden['kind']} != {record['kind']}")
-    if record["workload"]["recipe"] != golden["recipe"]:
-        differences.append(f"recipe {golden['recipe']} != {record['workload']['recipe']}")
-    for key, value in hardware_of(record).items():
-        if value != golden["hardware"][key]:
-            differences.append(f"hardware.{key} {golden['hardware'][key]} != {value}")
-    pins = pins_of(record)
-    for key, pinned in golden["pins"].items():
+    if (record.kind == "cpu-probe") != (golden.kind == "cpu-probe"):
+        differences.append(f"kind {golden.kind} != {record.kind}")
+    if record.workload.recipe != golden.recipe:
+        differences.append(f"recipe {golden.recipe} != {record.workload.recipe}")
+    for key, value in record.hardware.profile().items():
+        if value != golden.hardware[key]:
+            differences.append(f"hardware.{key} {golden.hardware[key]} != {value}")
+    pins = record.pins()
+    for key, pinned in golden.pins.items():
         actual = pins[key]
         if isinstance(pinned, dict):
             for sub, pinned_value in pinned.items():
@@ -98,7 +97,7 @@ def _judge(metric: str, golden: Any, actual: Any, rule: dict[str, Any]) -> tuple
     within = actual == golden if golden == 0 else abs(actual - golden) <= rule["rel"] * abs(golden)
     if within:
         return delta_pct, tolerance, "pass"
-    better = actual > golden if metric in HIGHER_IS_BETTER else actual < golden
+    better = actual > golden if higher_is_better(metric) else actual < golden
     return delta_pct, tolerance, "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
 
 
@@ -111,7 +110,7 @@ def _stage(outcome: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def compare_records(golden: dict[str, Any], records: Sequence[dict[str, Any]], golden_path: str, *,
+def compare_records(golden: Golden, records: Sequence[Record], golden_path: str, *,
                     across_pins: bool = False) -> Comparison:
     """Judge ``records`` against ``golden``. Raises ``UsageError`` (refusal) when pins or hardware differ.
 
@@ -121,29 +120,29 @@ def compare_records(golden: dict[str, Any], records: Sequence[dict[str, Any]], g
         differences = [] if across_pins else identity_differences(golden, record)
         if differences:
             raise UsageError(
-                f"refusing to compare record {record['id']} with {golden_path}: {'; '.join(differences)}; "
+                f"refusing to compare record {record.id} with {golden_path}: {'; '.join(differences)}; "
                 f"a golden for these records is written by: {refresh_command(golden_path)}"
             )
-    comparison = Comparison(golden_path=golden_path, recipe=golden["recipe"])
-    by_label = {row_label(record): record for record in records}
+    comparison = Comparison(golden_path=golden_path, recipe=golden.recipe)
+    by_label = {record.label: record for record in records}
     if len(by_label) != len(records):
         raise UsageError("two records share one recompute row; compare one record per row")
-    for row in golden["rows"]:
-        record = by_label.pop(row["label"], None)
+    for row in golden.rows:
+        record = by_label.pop(row.label, None)
         if record is None:
-            comparison.checks.append(MetricCheck(row["label"], "row", "present", "missing", None, "exact", "FAIL: row not measured"))
+            comparison.checks.append(MetricCheck(row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"))
             continue
-        golden_stage, actual_stage = _stage(row["outcome"]), _stage(record["outcome"])
+        golden_stage, actual_stage = _stage(row.outcome), _stage(record.outcome.stage())
         comparison.checks.append(MetricCheck(
-            row["label"], "outcome", golden_stage, actual_stage, None, "exact",
+            row.label, "outcome", golden_stage, actual_stage, None, "exact",
             "pass" if golden_stage == actual_stage else "FAIL: outcome changed",
         ))
-        actual_values = row_values(record)
-        for metric, golden_value in row["values"].items():
-            rule = golden["tolerance"][metric]
+        actual_values = golden_values(record)
+        for metric, golden_value in row.values.items():
+            rule = golden.tolerance[metric]
             actual = actual_values.get(metric)
             delta, tolerance, verdict = _judge(metric, golden_value, actual, rule)
-            comparison.checks.append(MetricCheck(row["label"], metric, golden_value, actual, delta, tolerance, verdict))
+            comparison.checks.append(MetricCheck(row.label, metric, golden_value, actual, delta, tolerance, verdict))
     for label in by_label:
         comparison.checks.append(MetricCheck(label, "row", "absent", "present", None, "exact", "FAIL: row not in golden, refresh it"))
     return comparison

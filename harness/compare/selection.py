@@ -9,10 +9,10 @@ however far it got) with its allocated peak at or under the target.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
-from harness.compare.analysis import GB, completed, require_matched, width
-from harness.record.golden import row_label
+from harness.compare.analysis import GB, completed, require_matched
+from harness.record.model import Record
 
 
 @dataclass(frozen=True)
@@ -24,30 +24,29 @@ class Selection:
     considered: list[tuple[str, str]]  # (label, why it was or was not chosen)
 
 
-def select(records: Sequence[dict[str, Any]], target_gb: float) -> Selection:
+def select(records: Sequence[Record], target_gb: float) -> Selection:
     """Least step time among completed rows under ``target_gb``; ties go to the narrower boundary."""
     require_matched(records)
     fitting, considered = [], []
     for record in records:
-        label = row_label(record)
-        peak = record["metrics"]["headline"]["peak_allocated_bytes"]
+        label = record.label
+        peak = record.headline["peak_allocated_bytes"]
         if not completed(record):
-            considered.append((label, f"did not complete ({record['outcome']['status']})"))
+            considered.append((label, f"did not complete ({record.outcome.status})"))
         elif peak is None:
             considered.append((label, "no allocated peak recorded"))
         elif peak / GB > target_gb:
             considered.append((label, f"peak {peak / GB:.3f} GB over the {target_gb:g} GB target"))
         else:
             fitting.append(record)
-    fitting.sort(key=lambda r: (r["metrics"]["headline"]["step_time_ms"], width(r["recompute"]),
-                                r["metrics"]["headline"]["peak_allocated_bytes"]))
+    fitting.sort(key=lambda r: (r.headline["step_time_ms"], r.recompute.width, r.headline["peak_allocated_bytes"]))
     for record in fitting[1:]:
-        considered.append((row_label(record), f"fits, but slower ({record['metrics']['headline']['step_time_ms']:.2f} ms)"))
+        considered.append((record.label, f"fits, but slower ({record.headline['step_time_ms']:.2f} ms)"))
     if not fitting:
         return Selection(target_gb, None, None, None, considered)
     best = fitting[0]
-    headline = best["metrics"]["headline"]
+    headline = best.headline
     return Selection(
-        target_gb, row_label(best),
+        target_gb, best.label,
         headline["peak_allocated_bytes"] / GB, headline["step_time_ms"], considered,
     )

@@ -1,9 +1,23 @@
-"""The four recompute fields of Megatron Core's TransformerConfig, as one value."""
+"""The four recompute fields of Megatron Core's TransformerConfig, as one value, and the row syntax.
+
+A row name (``[]``, ``moe_act``, ``layernorm+moe_act``, ``full-uniform-1``, ``none``,
+``selective-default``) is ``RecomputeFields.name``; ``RecomputeFields.parse`` reads it back. Both
+directions live here and nowhere else; ``require_known`` is the one check that a name's labels are
+ones the installed validator accepts.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from harness.errors import UsageError
+
+CONTROL_ROW = "[]"
+_FULL_PREFIX = "full-"
+# How much wider than any label list a full-layer boundary counts (it replays every module).
+FULL_WIDTH = 1_000
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,22 @@ class RecomputeFields:
     @classmethod
     def full(cls, method: str = "uniform", num_layers: int = 1) -> "RecomputeFields":
         return cls(granularity="full", method=method, num_layers=num_layers)
+
+    @classmethod
+    def parse(cls, name: str) -> "RecomputeFields":
+        """The inverse of ``name``: ``[]``, ``a+b``, ``full-<method>-<layers>``, ``none``, ``selective-default``."""
+        if name == CONTROL_ROW:
+            return cls.selective()
+        if name == "none":
+            return cls()
+        if name == "selective-default":
+            return cls(granularity="selective")
+        if name.startswith(_FULL_PREFIX):
+            method, _, count = name[len(_FULL_PREFIX):].rpartition("-")
+            if not method or not count.isdigit():
+                raise UsageError(f"row {name!r}: full rows are spelled full-<method>-<layers>, e.g. full-uniform-1")
+            return cls.full(method=method, num_layers=int(count))
+        return cls.selective(*parse_labels(name, "+", f"row {name!r}"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RecomputeFields":
@@ -58,6 +88,16 @@ class RecomputeFields:
         }
 
     @property
+    def is_control(self) -> bool:
+        """The skill's matched no-recompute control: selective granularity with an empty module list."""
+        return self.granularity == "selective" and self.modules == ()
+
+    @property
+    def width(self) -> int:
+        """How broad a boundary is: [] < one label < two labels < ... < full-layer recompute."""
+        return FULL_WIDTH if self.granularity == "full" else len(self.modules or ())
+
+    @property
     def name(self) -> str:
         """Short row name: ``[]``, ``moe_act``, ``layernorm+moe_act``, ``full-uniform-1``, ``none``."""
         if self.granularity == "full":
@@ -67,3 +107,20 @@ class RecomputeFields:
                 return "selective-default"
             return "+".join(self.modules) if self.modules else "[]"
         return "none"
+
+
+def parse_labels(text: str, separator: str, what: str) -> tuple[str, ...]:
+    """Labels joined by ``separator``; every label non-empty, without spaces (syntax only)."""
+    labels = tuple(text.split(separator))
+    if not all(label and label == label.strip() and " " not in label for label in labels):
+        raise UsageError(f"{what}: expected [] or labels joined by {separator!r} (non-empty, no spaces), "
+                         f"e.g. layernorm{separator}moe_act")
+    return labels
+
+
+def require_known(labels: Iterable[str], known: frozenset[str], what: str) -> None:
+    """Refuse labels the installed Megatron Core validator does not accept (one line, exit 2)."""
+    unknown = sorted(set(labels) - known)
+    if unknown:
+        raise UsageError(f"{what}: unknown recompute label(s) {', '.join(unknown)} for this Megatron Core; "
+                         f"known: {', '.join(sorted(known))}")

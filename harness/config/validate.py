@@ -16,7 +16,11 @@ from functools import lru_cache
 from typing import Any
 
 from harness.config.fields import RecomputeFields
-from harness.matrix.rules import rule_for_message, warning_rules_for
+from harness.config.rules import rule_for_message, warning_rules_for
+
+# Megatron Core rejects recompute configurations with AssertionError in some rules and ValueError in
+# others (which one varies between revisions): both, and nothing else, are a validator verdict.
+MCORE_REJECTIONS: tuple[type[Exception], ...] = (AssertionError, ValueError)
 
 # Smallest model every config is built on; any field can be overridden. Four layers so that PP=2 and
 # recompute_num_layers up to 2 stay meaningful; four heads so that TP=2 divides them.
@@ -32,6 +36,11 @@ class ConfigRejected(Exception):
         self.message = message
         self.mcore_exception = mcore_exception  # "AssertionError" or "ValueError"
         self.warning_rules = warning_rules  # warn-rules MCore emitted before rejecting
+
+    @classmethod
+    def from_exception(cls, exc: Exception, warning_rules: tuple[str, ...] = ()) -> "ConfigRejected":
+        """The verdict carried by one of ``MCORE_REJECTIONS`` (the matrix rule is matched on its message)."""
+        return cls(rule_for_message(str(exc)), str(exc), type(exc).__name__, warning_rules)
 
 
 @dataclass(frozen=True)
@@ -91,10 +100,8 @@ def check_config(fields: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
         warnings.simplefilter("always")
         try:
             config = config_class_for(kwargs)(**kwargs)
-        except (AssertionError, ValueError) as exc:
-            message = str(exc)
-            warned = warning_rules_for(str(w.message) for w in caught)
-            raise ConfigRejected(rule_for_message(message), message, type(exc).__name__, warned) from exc
+        except MCORE_REJECTIONS as exc:
+            raise ConfigRejected.from_exception(exc, warning_rules_for(str(w.message) for w in caught)) from exc
     return config, warning_rules_for(str(w.message) for w in caught)
 
 

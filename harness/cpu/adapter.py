@@ -1,8 +1,8 @@
 """The narrow, documented CPU adapter that lets real Megatron Core layers run on CPU under gloo.
 
 Megatron Core 0.19.2 model code is device-agnostic except for a few CUDA-only helpers. This module
-replaces exactly those, and nothing else (``PATCHED_SURFACE`` lists them; ``tests/unit/
-test_cpu_adapter.py`` fails when upstream changes any of them):
+replaces exactly those, and nothing else (``PATCHED_SURFACE`` lists them; ``tests/unit/cpu/
+test_adapter.py`` fails when upstream changes any of them):
 
 1. ``torch.cuda.current_device()``: MCore allocates on it in the global memory buffer (local core
    attention), the MoE router's gating, and rotary embeddings' forward. Without CUDA it answers

@@ -10,8 +10,8 @@ from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
 from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
-from harness.matrix.rules import RULES, Rule
-from harness.matrix.view import ConfigView
+from harness.config.rules import RULES, Rule
+from harness.config.view import ConfigView
 
 _DIFFERENTIAL_RULES: tuple[Rule, ...] = tuple(rule for rule in RULES if rule.differential)
 

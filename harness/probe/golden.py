@@ -1,6 +1,7 @@
 """Probe rows as ``cpu-probe`` run records, and the CPU goldens they are compared with exactly.
 
-One golden per style model per revision pin, under tests/golden/cpu/, written only from a real probe
+One golden per style model per revision pin, under the golden root's cpu/ (``harness.record.golden_dir``),
+written only from a real probe
 run. Rejected and hung rows carry no measurements, so they are not golden rows (the validator's
 verdicts are pinned by the compatibility matrix; the deadlock by its own unit test).
 """
@@ -12,13 +13,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.compare.comparator import compare_records
-from harness.probe.runner import ModelProbe, RowResult
+from harness.compare.comparator import Comparison, compare_records
+from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
 from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
-from harness.record.golden import golden_filename, golden_from_records, load_golden, pins_of, write_golden
+from harness.record.golden import golden_from_records, load_golden, write_golden
+from harness.record.golden_dir import golden_path_for, golden_root, newest_like
+from harness.record.model import ProbeMetrics, Record
 
-GOLDEN_DIR = Path(__file__).resolve().parents[2] / "tests" / "golden" / "cpu"
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
 CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 
@@ -32,7 +34,7 @@ def _not_bitwise(equivalence: Equivalence) -> int:
     return equivalence.differing_grads + (0 if equivalence.loss_equal else 1)
 
 
-def row_metrics(row: RowResult) -> dict[str, int]:
+def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
     return cpu_probe_metrics(
         retained_bytes=row.retained_bytes, backward_flops=row.backward_flops, replay_bytes=row.replay_bytes,
         replay_ops=row.replay_ops, not_bitwise_values=_not_bitwise(row.equivalence),
@@ -40,7 +42,7 @@ def row_metrics(row: RowResult) -> dict[str, int]:
     )
 
 
-def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
     for row in probe.rows:
@@ -63,49 +65,37 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
     return records
 
 
-def golden_path(model: str, records: list[dict[str, Any]], directory: Path = GOLDEN_DIR) -> Path:
-    return directory / golden_filename(recipe_name(model), CPU_HARDWARE, pins_of(records[0]))
-
-
-def write_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> Path:
+def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> Path:
     """Write (atomically) the golden for this model and the installed revisions."""
     records = probe_records(probe)
-    path = golden_path(probe.model, records, directory)
+    path = golden_path_for(records, golden_root(root))
     golden = golden_from_records(records, {
         "source": "cpu probe run", "command": REFRESH_COMMAND, "host": socket.gethostname(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": None, "driver": None,
     })
-    path.parent.mkdir(parents=True, exist_ok=True)
     write_golden(path, golden)
     return path
 
 
-def check_probe_golden(probe: ModelProbe, directory: Path = GOLDEN_DIR) -> tuple[Path, list[str]]:
+def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
     """(golden path, problems): one readable line per changed value; empty when everything matches."""
     records = probe_records(probe)
-    path = golden_path(probe.model, records, directory)
+    path = golden_path_for(records, golden_root(root))
     if path.is_file():
         problems = _changed_values(compare_records(load_golden(path), records, str(path)))
         return path, problems + ([f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else [])
     problems = [f"no CPU golden {path.name} for these revisions; write it with: {REFRESH_COMMAND}"]
-    previous = _newest_golden_like(path)
-    if previous is not None:
+    found = newest_like(path)
+    if found is not None:
         # After a Megatron Core bump: show per label what changed against the last pinned golden.
-        changed = _changed_values(compare_records(load_golden(previous), records, str(previous), across_pins=True))
+        previous, golden = found
+        changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
         problems.append(f"against {previous.name} (other revisions): "
                         + (f"{len(changed)} value(s) changed" if changed else "no value changed"))
         problems += changed
     return path, problems
 
 
-def _changed_values(comparison: Any) -> list[str]:
+def _changed_values(comparison: Comparison) -> list[str]:
     return [f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
             for check in comparison.failures]
-
-
-def _newest_golden_like(path: Path) -> Path | None:
-    """The most recently written golden of the same model and hardware as ``path``, any revision pins."""
-    recipe_and_hardware = "__".join(path.name.split("__")[:2])
-    candidates = [(load_golden(p)["provenance"].get("date") or "", p.name, p)
-                  for p in path.parent.glob(f"{recipe_and_hardware}__*.json")]
-    return max(candidates)[2] if candidates else None

@@ -1,6 +1,6 @@
 """Run a probe row that may hang in its own process group, under a timeout.
 
-The child (``python -m harness.probe.isolate``) sets up gloo + the model, prints ``READY``, measures,
+The child (``python -m harness.probe.isolated_child``) sets up gloo + the model, prints ``READY``, measures,
 and prints one ``RESULT {json}`` line. The parent gives the setup ``startup_timeout_s`` and the
 measurement ``timeout_s`` after ``READY``; past either, the whole process group is killed (SIGKILL)
 and the row is reported as a hang. The parent never blocks the rest of the probe matrix: it starts
@@ -9,8 +9,6 @@ the child first and collects it last.
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import json
 import os
 import selectors
@@ -21,7 +19,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness.config.fields import RecomputeFields
 from harness.processes import kill_group
 from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
@@ -50,7 +47,7 @@ class IsolatedProbe:
         self.startup_timeout_s = startup_timeout_s
         # The child also ends itself past its whole budget, so a parent that dies never leaves it hanging.
         lifetime_s = startup_timeout_s + timeout_s + 30
-        command = [sys.executable, "-m", "harness.probe.isolate", "--model", model, "--seed", str(seed),
+        command = [sys.executable, "-m", "harness.probe.isolated_child", "--model", model, "--seed", str(seed),
                    "--fields", json.dumps(row.fields.as_dict()), "--lifetime", str(lifetime_s)]
         if row.add_bias_linear:
             command.append("--add-bias-linear")
@@ -102,32 +99,3 @@ class IsolatedProbe:
             return
         kill_group(self.process.pid)
         self.process.wait(timeout=10)
-
-
-def _child(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="harness.probe.isolate")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--fields", required=True)
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--add-bias-linear", action="store_true")
-    parser.add_argument("--seq-length", type=int)
-    parser.add_argument("--micro-batch-size", type=int)
-    parser.add_argument("--lifetime", type=float, required=True)
-    args = parser.parse_args(argv)
-    faulthandler.dump_traceback_later(args.lifetime, exit=True)
-    sizes = {key: value for key, value in (("seq_length", args.seq_length),
-                                           ("micro_batch_size", args.micro_batch_size)) if value is not None}
-
-    from harness.cpu.adapter import init_cpu_parallel_state
-    from harness.probe.runner import measure_row_pair
-
-    init_cpu_parallel_state(seed=args.seed)
-    row = ProbeRow(RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear)
-    print(READY, flush=True)
-    payload = measure_row_pair(args.model, row, seed=args.seed, **sizes)
-    print(RESULT + json.dumps(payload), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_child(sys.argv[1:]))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.cpu.adapter import reseed
-from harness.cpu.models import TinyModel
+from harness.models import TinyModel
 
 
 @dataclass

@@ -11,8 +11,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from harness.config.fields import RecomputeFields
-from harness.errors import UsageError
+from harness.config.fields import RecomputeFields, parse_labels, require_known
 
 CONTROL = RecomputeFields.selective()
 
@@ -49,13 +48,8 @@ def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
     known = known_labels()
     sets = []
     for spec in specs:
-        labels = tuple(part for part in spec.split("+") if part)
-        unknown = [label for label in labels if label not in known]
-        if not labels or unknown:
-            raise UsageError(
-                f"unknown recompute label(s) {', '.join(unknown) or repr(spec)} for this Megatron Core; "
-                f"known: {', '.join(sorted(known))}"
-            )
+        labels = parse_labels(spec, "+", f"--modules {spec!r}")
+        require_known(labels, known, f"--modules {spec!r}")
         sets.append(labels)
     return sets
 

@@ -20,7 +20,7 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.cpu.models import StyleModel, build_model, style_model
+from harness.models import StyleModel, build_model, style_model
 from harness.errors import EXIT_FAILED
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
@@ -37,7 +37,7 @@ HANG_PROBE_MODELS = ("dense-tiny",)
 
 
 @dataclass
-class RowResult:
+class ProbeRowResult:
     label: str
     fields: RecomputeFields
     add_bias_linear: bool
@@ -62,7 +62,7 @@ class RowResult:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RowResult":
+    def from_dict(cls, data: dict[str, Any]) -> "ProbeRowResult":
         data = dict(data)
         data["fields"] = RecomputeFields.from_dict(data["fields"])
         for key in ("equivalence", "dropout_equivalence"):
@@ -77,10 +77,10 @@ class ModelProbe:
     description: str
     seq_length: int
     micro_batch_size: int
-    rows: list[RowResult]
+    rows: list[ProbeRowResult]
 
     @property
-    def control(self) -> RowResult:
+    def control(self) -> ProbeRowResult:
         return next(row for row in self.rows if row.fields == CONTROL and not row.add_bias_linear)
 
 
@@ -108,15 +108,16 @@ def baseline(model: str, *, add_bias_linear: bool = False, seed: int = 1234, **s
     return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
 
 
-def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any) -> RowResult:
+def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any) -> ProbeRowResult:
     """Build ``row`` with the control's weights, measure it, classify it."""
-    from harness.matrix.rules import rule_for_message
+    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
 
     try:
         built = _build(model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes)
-    except (AssertionError, ValueError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return RowResult(row.label, row.fields, row.add_bias_linear, REJECTED, message, rule_for_message(str(exc)))
+    except MCORE_REJECTIONS as exc:
+        rejected = ConfigRejected.from_exception(exc)
+        message = rejected.message.strip().splitlines()[0] if rejected.message.strip() else rejected.mcore_exception
+        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule)
     built.module.load_state_dict(base.state)
     result = measure(built, seed=seed)
     with_dropout = _build(model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes)
@@ -136,7 +137,7 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
         status, reason = INACTIVE, "accepted, but retained bytes, backward FLOPs and replayed bytes equal []"
     else:
         status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
-    return RowResult(
+    return ProbeRowResult(
         row.label, row.fields, row.add_bias_linear, status, reason, None,
         result.retained_bytes, result.backward_flops, result.replay_bytes, result.replay_ops,
         equivalence,
@@ -227,9 +228,9 @@ def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, siz
                       sizes.get("micro_batch_size", style.micro_batch_size), results)
 
 
-def _isolated_row(child: IsolatedProbe) -> RowResult:
+def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:
     outcome = child.outcome()
     if outcome.payload is not None:
-        return RowResult.from_dict(outcome.payload)
+        return ProbeRowResult.from_dict(outcome.payload)
     # "hang", or "crash" when the child died
-    return RowResult(child.row.label, child.row.fields, child.row.add_bias_linear, outcome.status, outcome.message)
+    return ProbeRowResult(child.row.label, child.row.fields, child.row.add_bias_linear, outcome.status, outcome.message)

@@ -17,33 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.config.rules import LABEL_FACTS
+
 if TYPE_CHECKING:
     import torch
 
 CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
 HANG, CRASH = "hang", "crash"
-
-# label -> (TE module class that implements it, where): in 0.19.2 ``moe_act`` is read only by
-# TEGroupedMLP.__init__ (transformer/moe/experts.py); without TE, grouped-GEMM experts are built as
-# SequentialMLP and the validator still accepts the label.
-TE_ONLY_LABELS: dict[str, tuple[str, str]] = {
-    "moe_act": ("TEGroupedMLP", "megatron/core/transformer/moe/experts.py"),
-}
-
-
-# label -> why its row's gradients differ from []'s in the last bits while the loss is bit-identical.
-# ``layernorm`` (measured on 0.19.2, local spec, torch.nn.RMSNorm): the norm's input x feeds the
-# residual add (gradient r) and, inside RMSNorm's composite backward, two paths (x * rsqrt: a, and
-# x.pow(2): b). Without recompute autograd adds them in arrival order, (r + a) + b. Under
-# CheckpointWithoutOutput the nested ``torch.autograd.backward`` sums a + b first and returns one
-# gradient, so the sum is r + (a + b): fp32 rounding differs. A control whose norms only sit behind a
-# nested backward (no recompute) matches the row bit for bit: tests/unit/test_probe_sum_order.py.
-SUM_ORDER_LABELS: dict[str, str] = {
-    "layernorm": ("fp32 sum order only: CheckpointWithoutOutput's nested backward pre-sums the norm-input "
-                  "gradient, so the residual's is added as r+(a+b), not (r+a)+b"),
-}
-
 
 @dataclass(frozen=True)
 class Equivalence:
@@ -87,7 +68,8 @@ def sum_order_reason(labels: tuple[str, ...], equivalence: Equivalence) -> str:
     """The known sum-order cause of grads-only differences for ``labels`` ("" when bitwise or unexplained)."""
     if equivalence.bitwise or not equivalence.loss_equal:
         return ""
-    return "; ".join(f"{label}: {SUM_ORDER_LABELS[label]}" for label in labels if label in SUM_ORDER_LABELS)
+    return "; ".join(f"{label}: {LABEL_FACTS[label].sum_order}" for label in labels
+                     if label in LABEL_FACTS and LABEL_FACTS[label].sum_order)
 
 
 def te_only_labels_missing(labels: tuple[str, ...], model: torch.nn.Module, have_te: bool) -> list[str]:
@@ -95,13 +77,14 @@ def te_only_labels_missing(labels: tuple[str, ...], model: torch.nn.Module, have
     if have_te:
         return []
     present = {type(module).__name__ for module in model.modules()}
-    return [label for label in labels if label in TE_ONLY_LABELS and TE_ONLY_LABELS[label][0] not in present]
+    return [label for label in labels
+            if label in LABEL_FACTS and LABEL_FACTS[label].te_class not in (None, *present)]
 
 
 def requires_te_reason(missing: list[str], model: torch.nn.Module) -> str:
     experts = sorted({type(m).__name__ for name, m in model.named_modules() if name.endswith(".experts")})
     parts = [
-        f"{label} recompute exists only in {TE_ONLY_LABELS[label][0]} ({TE_ONLY_LABELS[label][1]}); "
+        f"{label} recompute exists only in {LABEL_FACTS[label].te_class} ({LABEL_FACTS[label].te_where}); "
         f"without Transformer Engine the experts are {'/'.join(experts) or 'absent'}, so the validator "
         f"accepts {label} and it does nothing"
         for label in missing

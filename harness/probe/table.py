@@ -6,7 +6,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from harness.probe.runner import ModelProbe, RowResult
+from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import CRASH, EFFECTIVE, HANG, REQUIRES_TE
 
 MIB = 1024 * 1024
@@ -21,7 +21,7 @@ def _pct(value: int | None, base: int | None) -> str:
     return f"{(value - base) / base * 100:+.2f}%"
 
 
-def _equivalence(row: RowResult) -> str:
+def _equivalence(row: ProbeRowResult) -> str:
     if row.equivalence is None:
         return "-"
     fp32, dropout = row.equivalence, row.dropout_equivalence
@@ -30,7 +30,7 @@ def _equivalence(row: RowResult) -> str:
     return f"fp32 {fp32.summary}; dropout {dropout.summary}"
 
 
-def _status(row: RowResult) -> str:
+def _status(row: ProbeRowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
     if row.status in (HANG, CRASH, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):

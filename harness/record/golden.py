@@ -1,4 +1,4 @@
-"""Golden files: one per recipe × hardware × revision pin, under tests/golden/.
+"""Golden files: one per recipe × hardware × revision pin (where they live: ``harness.record.golden_dir``).
 
 A golden holds, per recompute row, the headline values of a record set, the tolerance policy each
 metric is judged by, the revision pins the values are valid for, and where the numbers came from. It
@@ -12,56 +12,75 @@ import hashlib
 import json
 import math
 import re
-from importlib import resources
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.files import write_json_atomic
-from harness.record.io import parse_json, read_json
+from harness.record.io import read_json
+from harness.record.metrics import RUN_GOLDEN_METRICS, default_tolerance_policy
+from harness.record.model import PIN_KEYS, Record
 from harness.record.schema import STATUSES
 
 GOLDEN_SCHEMA = "recompute-harness/golden"
 GOLDEN_SCHEMA_VERSION = 1
 TOLERANCE_MODES = ("relative", "exact")
-# Metrics of run and reference records that a golden row holds: headline values and iteration counts.
-RUN_METRICS = (
-    "peak_allocated_bytes", "peak_reserved_bytes", "peak_after_iteration", "run_peak_allocated_bytes",
-    "run_peak_reserved_bytes", "step_time_ms", "tflops_per_gpu", "skipped_iterations", "nan_iterations",
-)
-PIN_KEYS = ("megatron_core", "megatron_bridge", "torch", "transformer_engine", "cuda")
 
 
-def default_tolerance_policy(kind: str) -> dict[str, dict[str, Any]]:
-    """The policy from harness/data/tolerance-policy.json for a record kind."""
-    text = resources.files("harness").joinpath("data/tolerance-policy.json").read_text(encoding="utf-8")
-    policy = parse_json(text, "harness/data/tolerance-policy.json")
-    return policy["reference" if kind == "reference" else kind]
+@dataclass
+class GoldenRow:
+    label: str
+    recompute: RecomputeFields
+    outcome: dict[str, Any]  # status, iteration, phase
+    values: dict[str, int | float | None]
+    record: str | None = None  # id of the record the values came from
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"label": self.label, "recompute": self.recompute.as_dict(),
+                                "outcome": dict(self.outcome), "values": dict(self.values)}
+        if self.record is not None:
+            data["record"] = self.record
+        return data
 
 
-def row_values(record: dict[str, Any]) -> dict[str, int | float | None]:
-    """The golden-comparable values of one record."""
-    metrics = record["metrics"]
-    if record["kind"] == "cpu-probe":
-        return dict(metrics)
-    values = {name: metrics["headline"][name] for name in RUN_METRICS if name in metrics["headline"]}
-    values["skipped_iterations"] = metrics["skipped_iterations"]
-    values["nan_iterations"] = metrics["nan_iterations"]
-    return values
+@dataclass
+class Golden:
+    kind: str
+    recipe: str
+    hardware: dict[str, Any]  # device, gpu_count
+    pins: dict[str, Any]
+    provenance: dict[str, Any]
+    tolerance: dict[str, dict[str, Any]]
+    rows: list[GoldenRow] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> "Golden":
+        validate_golden(data, source)
+        rows = [GoldenRow(row["label"], RecomputeFields.from_dict(row["recompute"]), dict(row["outcome"]),
+                          dict(row["values"]), row.get("record")) for row in data["rows"]]
+        return cls(data["kind"], data["recipe"], dict(data["hardware"]), data["pins"], dict(data["provenance"]),
+                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": GOLDEN_SCHEMA, "schema_version": GOLDEN_SCHEMA_VERSION, "kind": self.kind,
+            "recipe": self.recipe, "hardware": dict(self.hardware), "pins": self.pins,
+            "provenance": dict(self.provenance), "tolerance": self.tolerance,
+            "rows": [row.to_json() for row in self.rows],
+        }
+
+    @property
+    def date(self) -> str:
+        return str(self.provenance.get("date") or "")
 
 
-def row_label(record: dict[str, Any]) -> str:
-    return RecomputeFields.from_dict(record["recompute"]).name
-
-
-def pins_of(record: dict[str, Any]) -> dict[str, Any]:
-    """The revisions a golden is pinned to (driver, python and host are provenance, not pins)."""
-    return {key: record["revisions"][key] for key in PIN_KEYS}
-
-
-def hardware_of(record: dict[str, Any]) -> dict[str, Any]:
-    return {"device": record["hardware"]["device"], "gpu_count": record["hardware"]["gpu_count"]}
+def golden_values(record: Record) -> dict[str, int | float | None]:
+    """The golden-comparable values of one record (registry: ``Metric.golden``)."""
+    if record.kind == "cpu-probe":
+        return dict(record.metrics.values)
+    return record.run_metrics.golden_values(RUN_GOLDEN_METRICS)
 
 
 def pin_slug(pins: dict[str, Any]) -> str:
@@ -77,54 +96,51 @@ def pin_slug(pins: dict[str, Any]) -> str:
     return "__".join(parts)
 
 
-def golden_filename(recipe: str, hardware: dict[str, Any], pins: dict[str, Any]) -> str:
+def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
+    """The part of a golden's file name every revision of one recipe × hardware shares."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)
-    return f"{slug}__{hardware['device']}x{hardware['gpu_count']}__{pin_slug(pins)}.json"
+    return f"{slug}__{hardware['device']}x{hardware['gpu_count']}"
+
+
+def golden_filename(recipe: str, hardware: dict[str, Any], pins: dict[str, Any]) -> str:
+    return f"{recipe_slug(recipe, hardware)}__{pin_slug(pins)}.json"
+
+
+def golden_filename_for(record: Record) -> str:
+    return golden_filename(record.workload.recipe, record.hardware.profile(), record.pins())
 
 
 def golden_from_records(
-    records: Sequence[dict[str, Any]],
+    records: Sequence[Record],
     provenance: dict[str, Any],
     tolerance: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Golden:
     """Build a golden from one recipe × hardware × pin set of validated records."""
     if not records:
         raise UsageError("no records to build a golden from")
     first = records[0]
-    identity = (first["kind"], first["workload"]["recipe"], hardware_of(first), pins_of(first))
+    identity = (first.kind, first.workload.recipe, first.hardware.profile(), first.pins())
     for record in records[1:]:
-        other = (record["kind"], record["workload"]["recipe"], hardware_of(record), pins_of(record))
+        other = (record.kind, record.workload.recipe, record.hardware.profile(), record.pins())
         if other != identity:
             raise UsageError(
-                f"record {record['id']}: kind, recipe, hardware or pins differ from record {first['id']}; "
+                f"record {record.id}: kind, recipe, hardware or pins differ from record {first.id}; "
                 "a golden covers one recipe × hardware × revision pin"
             )
-    rows = []
-    for record in records:
-        rows.append({
-            "label": row_label(record),
-            "recompute": record["recompute"],
-            "outcome": {key: record["outcome"][key] for key in ("status", "iteration", "phase")},
-            "values": row_values(record),
-            "record": record["id"],
-        })
-    policy = default_tolerance_policy(first["kind"])
+    rows = [GoldenRow(record.label, record.recompute, record.outcome.stage(), golden_values(record), record.id)
+            for record in records]
+    policy = default_tolerance_policy(first.kind)
     if "*" in policy:  # one rule for every metric (CPU probes: exact)
-        policy = {name: policy["*"] for name in sorted({n for row in rows for n in row["values"]})}
+        policy = {name: policy["*"] for name in sorted({n for row in rows for n in row.values})}
     # A previous golden's rules (tuned by hand for this recipe) win over the defaults.
     policy.update({name: rule for name, rule in (tolerance or {}).items() if name in policy})
-    golden = {
-        "schema": GOLDEN_SCHEMA,
-        "schema_version": GOLDEN_SCHEMA_VERSION,
-        "kind": first["kind"],
-        "recipe": first["workload"]["recipe"],
-        "hardware": hardware_of(first),
-        "pins": pins_of(first),
-        "provenance": {**provenance, "versions": first["revisions"], "records": [r["id"] for r in records]},
-        "tolerance": policy,
-        "rows": rows,
-    }
-    return validate_golden(golden, "new golden")
+    golden = Golden(
+        kind=first.kind, recipe=first.workload.recipe, hardware=first.hardware.profile(), pins=first.pins(),
+        provenance={**provenance, "versions": first.revisions.to_json(), "records": [r.id for r in records]},
+        tolerance=policy, rows=rows,
+    )
+    validate_golden(golden.to_json(), "new golden")
+    return golden
 
 
 def validate_golden(golden: Any, source: str) -> dict[str, Any]:
@@ -190,9 +206,10 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     return golden
 
 
-def load_golden(path: Path) -> dict[str, Any]:
-    return validate_golden(read_json(Path(path)), str(path))
+def load_golden(path: Path) -> Golden:
+    return Golden.from_json(read_json(Path(path)), str(path))
 
 
-def write_golden(path: Path, golden: dict[str, Any]) -> None:
-    write_json_atomic(Path(path), validate_golden(golden, str(path)))
+def write_golden(path: Path, golden: Golden) -> None:
+    data = golden.to_json()
+    write_json_atomic(Path(path), validate_golden(data, str(path)))

@@ -12,7 +12,8 @@ from typing import Any, Iterable
 
 from harness.errors import UsageError
 from harness.files import write_json_atomic
-from harness.record.schema import SCHEMA, SCHEMA_VERSION, validate_record
+from harness.record.model import Record
+from harness.record.schema import SCHEMA, SCHEMA_VERSION
 
 
 def _reject_constant(name: str) -> Any:
@@ -50,9 +51,9 @@ def read_json(path: Path) -> Any:
     return parse_json(text, str(path))
 
 
-def write_record(path: Path, record: dict[str, Any]) -> None:
+def write_record(path: Path, record: Record) -> None:
     """Validate, then write one record atomically (an invalid record never reaches the disk)."""
-    write_json_atomic(path, validate_record(record, str(path)))
+    write_json_atomic(path, record.validated().to_json())
 
 
 def _expand(paths: Iterable[Path | str]) -> list[Path]:
@@ -78,7 +79,7 @@ def records_in(data: Any, source: str) -> list[Any]:
     return [data]
 
 
-def load_records(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
+def load_records(paths: Iterable[Path | str]) -> list[Record]:
     """Load and validate every record in ``paths`` (files or directories of ``*.json``).
 
     Refuses, before validating any record: inputs that are not run records, records of mixed schema
@@ -97,25 +98,25 @@ def load_records(paths: Iterable[Path | str]) -> list[dict[str, Any]]:
     if len(versions) > 1:
         shown = ", ".join(sorted(repr(v) for v in versions))
         raise UsageError(f"records from mixed schema versions ({shown}); this harness reads version {SCHEMA_VERSION} only")
-    records = [validate_record(item, source) for source, item in loaded]
+    records = [Record.from_json(item, source) for source, item in loaded]
     _refuse_duplicates(records, [source for source, _ in loaded])
     return records
 
 
-def row_key(record: dict[str, Any]) -> str:
+def row_key(record: Record) -> str:
     """What makes two records the same row: everything that was configured, nothing that was measured."""
-    workload = {k: v for k, v in record["workload"].items() if k != "extra"}
-    hardware = {k: record["hardware"][k] for k in ("device", "gpu_count")}
-    return json.dumps([record["kind"], workload, hardware, record["revisions"], record["recompute"]], sort_keys=True)
+    workload = {k: v for k, v in record.workload.to_json().items() if k != "extra"}
+    return json.dumps([record.kind, workload, record.hardware.profile(), record.revisions.to_json(),
+                       record.recompute.as_dict()], sort_keys=True)
 
 
-def _refuse_duplicates(records: list[dict[str, Any]], sources: list[str]) -> None:
+def _refuse_duplicates(records: list[Record], sources: list[str]) -> None:
     by_id: dict[str, str] = {}
     by_row: dict[str, str] = {}
     for record, source in zip(records, sources):
-        if record["id"] in by_id:
-            raise UsageError(f"{source}: duplicated record id {record['id']!r} (also in {by_id[record['id']]})")
-        by_id[record["id"]] = source
+        if record.id in by_id:
+            raise UsageError(f"{source}: duplicated record id {record.id!r} (also in {by_id[record.id]})")
+        by_id[record.id] = source
         key = row_key(record)
         if key in by_row:
             raise UsageError(f"{source}: duplicated row: same configuration as {by_row[key]}")

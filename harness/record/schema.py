@@ -13,6 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from harness.errors import UsageError
+from harness.record.metrics import metrics_in
 
 SCHEMA = "recompute-harness/run-record"
 SCHEMA_VERSION = 1
@@ -27,13 +28,14 @@ PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
 RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
 # The skill's measurement contract: the headline peak is the post-optimizer peak after iteration 2.
 HEADLINE_ITERATION = 2
-# Optional headline keys: the same peaks after the last iteration every rank reported (the run's peak).
-RUN_PEAK_KEYS = ("run_peak_allocated_bytes", "run_peak_reserved_bytes")
-# Metrics every CPU-probe record carries (more are allowed; all are finite and non-negative).
-CPU_PROBE_METRICS = ("retained_bytes", "backward_flops", "replay_bytes")
 
-_PEAK_KEYS = ("iteration", "allocated_bytes", "reserved_bytes")
-_ITERATION_KEYS = ("iteration", "step_time_ms", "loss", "tflops_per_gpu", "skipped", "nan")
+_HEADLINE_METRICS = metrics_in("headline")
+_HEADLINE_REQUIRED = tuple(m.name for m in _HEADLINE_METRICS if m.required) + ("peak_rank", "peak_scope")
+_HEADLINE_OPTIONAL = tuple(m.name for m in _HEADLINE_METRICS if not m.required)
+_PROBE_REQUIRED = tuple(m.name for m in metrics_in("probe") if m.required)
+_PEAK_KEYS = ("iteration", *(m.name for m in metrics_in("per-rank")))
+_ITERATION_KEYS = ("iteration", *(m.name for m in metrics_in("per-iteration")), "skipped", "nan")
+_ITERATION_MEASURES = tuple(m.name for m in metrics_in("per-iteration") if m.better != "exact")
 # The same keys as sets, for the fast path that checks the bulk of a record's rows.
 _PEAK_KEY_SET = frozenset(_PEAK_KEYS)
 _ITERATION_KEY_SET = frozenset(_ITERATION_KEYS)
@@ -233,7 +235,7 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
     for i, row in enumerate(check.array(metrics["iterations"], "metrics.iterations")):
         if (type(row) is dict and row.keys() == _ITERATION_KEY_SET and _is_count(row["iteration"]) and row["iteration"] >= 1
                 and row["iteration"] not in seen and type(row["skipped"]) is bool and type(row["nan"]) is bool
-                and all(_is_measure(row[key]) for key in ("step_time_ms", "tflops_per_gpu"))
+                and all(_is_measure(row[key]) for key in _ITERATION_MEASURES)
                 and (row["loss"] is None or (type(row["loss"]) is float and math.isfinite(row["loss"])))):
             seen.add(row["iteration"])  # fast path for the bulk of a record
             continue
@@ -277,21 +279,15 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
         check.obj(window, "metrics.steady_window", ("first", "last"))
         check.integer(window["first"], "metrics.steady_window.first", minimum=1)
         check.integer(window["last"], "metrics.steady_window.last", minimum=window["first"])
-    headline = check.obj(
-        metrics["headline"], "metrics.headline",
-        ("peak_allocated_bytes", "peak_reserved_bytes", "peak_rank", "peak_after_iteration", "peak_scope",
-         "step_time_ms", "tflops_per_gpu"),
-        RUN_PEAK_KEYS,  # measured runs; a transcribed source states only the headline peak
-    )
-    for key in RUN_PEAK_KEYS:
-        check.integer(headline.get(key), f"metrics.headline.{key}", nullable=True)
-    check.integer(headline["peak_allocated_bytes"], "metrics.headline.peak_allocated_bytes", nullable=True)
-    check.integer(headline["peak_reserved_bytes"], "metrics.headline.peak_reserved_bytes", nullable=True)
+    headline = check.obj(metrics["headline"], "metrics.headline", _HEADLINE_REQUIRED, _HEADLINE_OPTIONAL)
+    for metric in _HEADLINE_METRICS:
+        name = metric.name
+        if metric.unit == "bytes" or metric.unit == "iterations":
+            check.integer(headline.get(name), f"metrics.headline.{name}", nullable=True)
+        else:
+            check.number(headline.get(name), f"metrics.headline.{name}", nullable=True)
     check.integer(headline["peak_rank"], "metrics.headline.peak_rank", nullable=True)
-    check.integer(headline["peak_after_iteration"], "metrics.headline.peak_after_iteration", nullable=True)
     check.string(headline["peak_scope"], "metrics.headline.peak_scope", choices=PEAK_SCOPES)
-    check.number(headline["step_time_ms"], "metrics.headline.step_time_ms", nullable=True)
-    check.number(headline["tflops_per_gpu"], "metrics.headline.tflops_per_gpu", nullable=True)
     # A source may state a peak without its iteration (reference rows); a measured run always knows it.
     if kind == "run" and headline["peak_allocated_bytes"] is not None and headline["peak_after_iteration"] is None:
         check.fail("metrics.headline.peak_after_iteration", "a headline peak needs the iteration it was read after")
@@ -303,29 +299,29 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
 
 
 def _check_headline_matches_ranks(check: _Checker, headline: dict, ranks: list) -> None:
-    """With per-rank data, the headline peak must be the hottest rank's at its iteration (no hand edits)."""
+    """With per-rank data, every headline metric derived from the ranks must be what they give (no hand edits)."""
     at = headline["peak_after_iteration"]
     if not ranks or at is None:
         return
-    values = [peak["allocated_bytes"] for rank in ranks for peak in rank["peaks"] if peak["iteration"] == at]
-    if len(values) != len(ranks):
+    readings = [{peak["iteration"]: (peak["allocated_bytes"], peak["reserved_bytes"]) for peak in rank["peaks"]}
+                for rank in ranks]
+    if any(at not in rank for rank in readings):
         check.fail("metrics.headline.peak_after_iteration", f"not every rank reported a peak after iteration {at}")
-    if headline["peak_allocated_bytes"] != max(values):
-        check.fail("metrics.headline.peak_allocated_bytes",
-                   f"{headline['peak_allocated_bytes']} is not the hottest rank's peak after iteration {at} ({max(values)})")
-    if headline.get("run_peak_allocated_bytes") is not None:
-        last = max(set.intersection(*({peak["iteration"] for peak in rank["peaks"]} for rank in ranks)))
-        run_peak = max(peak["allocated_bytes"] for rank in ranks for peak in rank["peaks"] if peak["iteration"] == last)
-        if headline["run_peak_allocated_bytes"] != run_peak:
-            check.fail("metrics.headline.run_peak_allocated_bytes",
-                       f"{headline['run_peak_allocated_bytes']} is not the hottest rank's peak after iteration "
-                       f"{last} ({run_peak})")
+    last = max(set.intersection(*(set(rank) for rank in readings)))
+    for metric in _HEADLINE_METRICS:
+        stated = headline.get(metric.name)
+        if metric.from_ranks is None or stated is None:
+            continue
+        derived = metric.from_ranks(readings, at, last)
+        if stated != derived:
+            check.fail(f"metrics.headline.{metric.name}",
+                       f"{stated} is not what the per-rank peaks give ({derived}: {metric.description})")
 
 
 def _check_cpu_probe_metrics(check: _Checker, metrics: Any) -> None:
     if not isinstance(metrics, dict):
         check.fail("metrics", f"expected an object, got {_type_name(metrics)}")
-    missing = [name for name in CPU_PROBE_METRICS if name not in metrics]
+    missing = [name for name in _PROBE_REQUIRED if name not in metrics]
     if missing:
         check.fail("metrics", f"missing {', '.join(missing)}")
     for name, value in metrics.items():

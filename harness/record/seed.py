@@ -19,14 +19,15 @@ import yaml
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
-from harness.record.build import new_record, outcome, parallelism, workload
-from harness.record.golden import golden_filename, golden_from_records, pins_of, write_golden
 from harness.files import write_json_atomic
+from harness.record.build import new_record, outcome, parallelism, workload
+from harness.record.golden import golden_from_records, write_golden
+from harness.record.golden_dir import golden_path_for, golden_root
+from harness.record.model import Hardware, Headline, Outcome, Record, RunMetrics, SteadyWindow
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CARD = REPO / "harness" / "data" / "reference" / "card.yaml"
 RECORDS_DIR = REPO / "harness" / "data" / "reference"
-GOLDEN_DIR = REPO / "tests" / "golden"
 PROVENANCE_SOURCE = "transcribed from the skill card"
 # Card study -> the harness recipe that reproduces it (harness/data/recipes/), or a descriptive name
 # for a historical study the harness does not rerun.
@@ -54,7 +55,7 @@ def _parallelism(study: dict[str, Any]) -> dict[str, int | None]:
     )
 
 
-def _outcome(row: dict[str, Any], study: dict[str, Any]) -> dict[str, Any]:
+def _outcome(row: dict[str, Any], study: dict[str, Any]) -> Outcome:
     status = row.get("status")
     if status is None:  # a study whose rows all completed its stated steps (Moonlight)
         return outcome("completed", iteration=study.get("steps"), message="card: all rows completed")
@@ -70,7 +71,7 @@ def _outcome(row: dict[str, Any], study: dict[str, Any]) -> dict[str, Any]:
     raise UsageError(f"card row {row['name']!r}: unknown status {status!r}; teach harness/record/seed.py its meaning")
 
 
-def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> dict[str, Any]:
+def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetrics:
     measurement = study.get("measurement", "")
     peak_gb, after = row.get("peak_mem_gb"), None
     for key, value in row.items():
@@ -83,22 +84,24 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> dict[st
     # "zero skipped and NaN iterations" is stated for the rows that ran their steps.
     clean = 0 if status == "completed" and "zero skipped" in sanity else None
     step_time = row.get("step_time_ms")
-    return {
-        "iterations": [],
-        "ranks": [],
-        "steady_window": {"first": int(window[1]), "last": int(window[2])} if window and step_time is not None else None,
-        "headline": {
-            "peak_allocated_bytes": None if peak_gb is None else round(peak_gb * GB),
-            "peak_reserved_bytes": None,
-            "peak_rank": 0 if "rank-0" in measurement and peak_gb is not None else None,
-            "peak_after_iteration": after,
-            "peak_scope": "rank0" if "rank-0" in measurement else "unreported",
-            "step_time_ms": step_time,
-            "tflops_per_gpu": row.get("tflops_per_gpu", row.get("tflops")),
-        },
-        "skipped_iterations": clean,
-        "nan_iterations": clean,
-    }
+    return RunMetrics(
+        iterations=[],
+        ranks=[],
+        steady_window=SteadyWindow(int(window[1]), int(window[2])) if window and step_time is not None else None,
+        headline=Headline(
+            values={
+                "peak_allocated_bytes": None if peak_gb is None else round(peak_gb * GB),
+                "peak_reserved_bytes": None,
+                "peak_after_iteration": after,
+                "step_time_ms": step_time,
+                "tflops_per_gpu": row.get("tflops_per_gpu", row.get("tflops")),
+            },
+            peak_rank=0 if "rank-0" in measurement and peak_gb is not None else None,
+            peak_scope="rank0" if "rank-0" in measurement else "unreported",
+        ),
+        skipped_iterations=clean,
+        nan_iterations=clean,
+    )
 
 
 def _revisions(study: dict[str, Any]) -> dict[str, Any]:
@@ -111,7 +114,7 @@ def _revisions(study: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -> list[dict[str, Any]]:
+def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -> list[Record]:
     """One reference record per experiment row of a ``measured_results`` study."""
     recipe = STUDY_RECIPES.get(study["model"])
     if recipe is None:
@@ -126,7 +129,7 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
             record_id=f"reference/{recipe}/{row['name']}",
             created=validated_on,
             revisions=_revisions(study),
-            hardware={"device": study["gpu"], "gpu_count": study["gpus"], "sm": None, "host": None},
+            hardware=Hardware(study["gpu"], study["gpus"], sm=None, host=None),
             workload=workload(
                 recipe=recipe, model=study["model"], backend=BACKEND, seq_length=study["seq_length"],
                 micro_batch_size=study["mbs"], global_batch_size=study["gbs"], precision=study["precision"],
@@ -134,7 +137,7 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
                 extra=extra,
             ),
             recompute=RecomputeFields.selective(*row["recompute_modules"]),
-            metrics=_metrics(row, study, row_outcome["status"]),
+            metrics=_metrics(row, study, row_outcome.status),
             outcome=row_outcome,
             provenance={
                 "source": PROVENANCE_SOURCE, "card": card_path, "study": study["model"], "row": row["name"],
@@ -144,7 +147,7 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
     return records
 
 
-def transcribe(card_path: Path) -> dict[str, list[dict[str, Any]]]:
+def transcribe(card_path: Path) -> dict[str, list[Record]]:
     """``{recipe: [reference records]}`` for every study in the card's ``measured_results``."""
     try:
         card = yaml.safe_load(Path(card_path).read_text(encoding="utf-8"))
@@ -158,25 +161,25 @@ def transcribe(card_path: Path) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def write_seed(card_path: Path, records_dir: Path, golden_dir: Path) -> list[Path]:
+def write_seed(card_path: Path, records_dir: Path, golden_dir: Path | None = None) -> list[Path]:
     """Write one reference-record file per study, and a golden per study that names its revisions."""
     written = []
     for recipe, records in transcribe(card_path).items():
         path = records_dir / f"seed-{recipe}.json"
-        write_json_atomic(path, records)
+        write_json_atomic(path, [record.to_json() for record in records])
         written.append(path)
-        if pins_of(records[0])["megatron_core"]["commit"] is None:
-            continue  # no revision on the card (historical Llama rows): records only, never a golden
         first = records[0]
+        if first.revisions.megatron_core.commit is None:
+            continue  # no revision on the card (historical Llama rows): records only, never a golden
         golden = golden_from_records(records, provenance={
             "source": PROVENANCE_SOURCE,
             "command": "python -m harness.record.seed",
             "host": None,
-            "date": first["created"],
-            "gpu": f"{first['hardware']['gpu_count']}x {first['hardware']['device']}",
+            "date": first.created,
+            "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
             "driver": None,
         })
-        path = golden_dir / golden_filename(recipe, first["hardware"], pins_of(first))
+        path = golden_path_for(records, golden_root(golden_dir))
         write_golden(path, golden)
         written.append(path)
     return written
@@ -186,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--card", type=Path, default=DEFAULT_CARD)
     parser.add_argument("--records-dir", type=Path, default=RECORDS_DIR)
-    parser.add_argument("--golden-dir", type=Path, default=GOLDEN_DIR)
+    parser.add_argument("--golden-dir", type=Path, help="golden root (default: as every command)")
     args = parser.parse_args(argv)
     for path in write_seed(args.card.resolve(), args.records_dir, args.golden_dir):
         print(path)

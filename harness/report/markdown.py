@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from harness.compare.analysis import GB, Analysis
 from harness.compare.comparator import Comparison
 from harness.compare.selection import Selection
+from harness.record.metrics import unit_of
 
 
 def emit(markdown: str) -> None:
@@ -26,7 +27,7 @@ def format_value(metric: str, value: Any) -> str:
     """Bytes as decimal GB (as the skill card writes them), floats to 2 decimals, null as a dash."""
     if value is None:
         return "–"
-    if metric.endswith("_bytes") and isinstance(value, (int, float)):
+    if unit_of(metric) == "bytes" and isinstance(value, (int, float)):
         return f"{value / GB:.3f} GB"
     if isinstance(value, float):
         return f"{value:.2f}"

@@ -15,9 +15,10 @@ from statistics import fmean
 from typing import Any
 
 from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
-from harness.run.classify import Outcome
+from harness.run.classify import Classification
 from harness.run.events import RankEvidence
-from harness.run.recipes import Recipe, parse_row
+from harness.config.fields import RecomputeFields
+from harness.run.recipes import Recipe
 
 CPU_MEMORY_NOTE = "not measured: CPU tensors have no caching-allocator peak (torch.cuda.max_memory_* is CUDA-only)"
 
@@ -59,7 +60,7 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     return result
 
 
-def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Outcome, *,
+def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Classification, *,
                  revisions: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     started = next((rank for rank in ranks if rank.started), None)
     named = next((rank for rank in ranks if rank.device_name is not None), None)
@@ -82,11 +83,11 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: O
             recipe=recipe.name, model=recipe.model, backend=recipe.backend, seq_length=recipe.seq_length,
             micro_batch_size=recipe.micro_batch_size, global_batch_size=recipe.global_batch_size,
             precision=recipe.precision, attention_backend=recipe.attention_backend,
-            train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_dict(recipe.world_size),
+            train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_layout(recipe.world_size),
             extra=extra,
         ),
         hardware=hardware(profile, recipe.world_size if on_gpu else 0, sm=sm),
-        recompute=parse_row(row),
+        recompute=RecomputeFields.parse(row),
         metrics=run_metrics(_iterations(ranks), _rank_peaks(ranks), recipe.steady_window),
         outcome=outcome.as_record(),
         revisions=revisions,

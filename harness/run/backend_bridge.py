@@ -50,7 +50,8 @@ import torch
 from megatron.core.transformer.enums import AttnBackend
 
 from harness.run.instrument import Instrument
-from harness.run.recipes import Parallelism, parse_row
+from harness.config.fields import RecomputeFields
+from harness.run.recipes import Recipe
 
 # (path fragment, function name) of the outermost frame that places a failure in a phase.
 PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
@@ -186,17 +187,17 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
     return f"alltoall (flex/{backend} unavailable on this machine)"
 
 
-def short_run(cfg: Any, recipe: dict[str, Any], row: str) -> tuple[Any, dict[str, str]]:
+def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     """The harness recipe's overrides on Bridge's recipe (see the module docstring), and notes for the record."""
-    layout = Parallelism(**recipe["parallelism"])
-    iters = recipe["train_iters"]
+    layout = recipe.parallelism
+    iters = recipe.train_iters
     cfg.train.train_iters = iters
-    cfg.train.global_batch_size = recipe["global_batch_size"]
-    cfg.train.micro_batch_size = recipe["micro_batch_size"]
+    cfg.train.global_batch_size = recipe.global_batch_size
+    cfg.train.micro_batch_size = recipe.micro_batch_size
     cfg.scheduler.lr_warmup_iters = max(1, iters // 10)
     cfg.scheduler.lr_decay_iters = iters
-    cfg.model.seq_length = recipe["seq_length"]
-    cfg.dataset.seq_length = recipe["seq_length"]
+    cfg.model.seq_length = recipe.seq_length
+    cfg.dataset.seq_length = recipe.seq_length
     cfg.dataset.blend = None  # mock data
     cfg.dataset.blend_per_split = None
     cfg.validation.eval_iters = 0
@@ -217,8 +218,8 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str) -> tuple[Any, dict[str
     if layout.tp == 1:
         cfg.model.sequence_parallel = False
     # The record names the attention backend, so the run must use it (Bridge's recipes may leave auto).
-    cfg.model.attention_backend = AttnBackend[recipe["attention_backend"]]
-    for name, value in recipe["backend_options"].get("model", {}).items():
+    cfg.model.attention_backend = AttnBackend[recipe.attention_backend]
+    for name, value in recipe.backend_options.get("model", {}).items():
         if not hasattr(cfg.model, name):
             raise ValueError(f"Bridge's model provider has no field {name!r} (recipe [bridge.model])")
         setattr(cfg.model, name, value)
@@ -227,25 +228,25 @@ def short_run(cfg: Any, recipe: dict[str, Any], row: str) -> tuple[Any, dict[str
         # model (first_k_dense_replace zeros, then ones) and MCore requires len == num_layers: a
         # shortened model keeps the pattern's first layers.
         cfg.model.moe_layer_freq = cfg.model.moe_layer_freq[: cfg.model.num_layers]
-    recompute = {"recompute_modules": None, **parse_row(row).as_config_kwargs()}  # full rows: no module list
+    recompute = {"recompute_modules": None, **RecomputeFields.parse(row).as_config_kwargs()}  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
     dispatcher = _dispatcher_fallback(cfg)
     return cfg, {} if dispatcher is None else {"moe_dispatcher": dispatcher}
 
 
-def _bridge_recipe(recipe: dict[str, Any]) -> Any:
+def _bridge_recipe(recipe: Recipe) -> Any:
     """Bridge's own recipe config, before the harness's overrides."""
-    options = recipe["backend_options"]
+    options = recipe.backend_options
     return RECIPES[options["recipe"]](options)
 
 
-def configure(recipe: dict[str, Any], row: str) -> tuple[Any, dict[str, str]]:
+def configure(recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     """Bridge's config for this harness recipe and row, and notes for the record."""
     return short_run(_bridge_recipe(recipe), recipe, row)
 
 
-def rejections(recipe: dict[str, Any], rows: list[str]) -> dict[str, str]:
+def rejections(recipe: Recipe, rows: list[str]) -> dict[str, str]:
     """The rows whose config Bridge's own pre-training update and validation (``runtime_config_update``,
     the first thing ``pretrain`` does) refuses, with the reason. Needs no GPU; Bridge's recipe is built once."""
     from megatron.bridge.training.config import runtime_config_update
@@ -277,15 +278,14 @@ def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
         instrument.note("env_applied_after_cuda_init", "true: the allocator did not see these values")
 
 
-def train(spec: dict[str, Any], instrument: Instrument) -> None:
+def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
     from megatron.bridge.training.callbacks import CallbackManager
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    recipe = spec["recipe"]
-    world = recipe["nnodes"] * recipe["nproc_per_node"]
+    world = recipe.world_size
     with instrument.phase(0, "model-build"):
-        cfg, notes = configure(recipe, spec["row"])
+        cfg, notes = configure(recipe, row)
     for key, value in notes.items():
         instrument.note(key, value)
     apply_recipe_environment(cfg, instrument)

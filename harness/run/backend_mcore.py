@@ -1,6 +1,6 @@
 """The ``mcore`` back end: a minimal Megatron Core training loop around a style model.
 
-Real MCore parallel state and a real MCore ``GPTModel`` (``harness.cpu.models``) with the row's
+Real MCore parallel state and a real MCore ``GPTModel`` (``harness.models``) with the row's
 recompute fields; mock batches; ``torch.optim.AdamW``; gradients all-reduced the way MCore's DDP
 groups them (dense parameters over data parallel, expert parameters — ``param.allreduce is False`` —
 over expert data parallel). On CUDA it runs MCore unmodified (NCCL); on CPU under the CPU adapter
@@ -26,9 +26,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-from harness.cpu.models import TinyModel, build_model
+from harness.models import TinyModel, build_model
 from harness.run.instrument import Instrument, NonFiniteLoss
-from harness.run.recipes import Parallelism, parse_row
+from harness.config.fields import RecomputeFields
+from harness.run.recipes import Parallelism, Recipe
 
 SEED = 1234
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -121,23 +122,22 @@ class MCoreTraining:
         return sum(losses) / len(losses)
 
 
-def build(spec: dict[str, Any], instrument: Instrument) -> MCoreTraining:
+def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
     """Parallel state + the style model with the row's recompute fields (phase ``model-build``)."""
-    recipe = spec["recipe"]
-    options = recipe["backend_options"]
-    layout = Parallelism(**recipe["parallelism"])
-    world = recipe["nnodes"] * recipe["nproc_per_node"]
+    options = recipe.backend_options
+    layout = recipe.parallelism
+    world = recipe.world_size
     with instrument.phase(0, "model-build"):
         # Collectives may wait as long as the row may run: a stall is the runner's call, not gloo's.
-        _init_parallel(layout, recipe["device"], float(recipe["timeout_s"]))
+        _init_parallel(layout, recipe.device, recipe.timeout_s)
         instrument.device_ready()
         model = build_model(
-            recipe["model"], parse_row(spec["row"]), seq_length=recipe["seq_length"],
-            micro_batch_size=recipe["micro_batch_size"], dtype=_DTYPES[recipe["precision"]],
-            device=recipe["device"], seed=SEED, expert_model_parallel_size=layout.ep, **options.get("config", {}),
+            recipe.model, RecomputeFields.parse(row), seq_length=recipe.seq_length,
+            micro_batch_size=recipe.micro_batch_size, dtype=_DTYPES[recipe.precision],
+            device=recipe.device, seed=SEED, expert_model_parallel_size=layout.ep, **options.get("config", {}),
         )
         model.module.train()
-    micro_batches = recipe["global_batch_size"] // (recipe["micro_batch_size"] * layout.data_parallel(world))
+    micro_batches = recipe.global_batch_size // (recipe.micro_batch_size * layout.data_parallel(world))
     return MCoreTraining(model, micro_batches, float(options.get("lr", 1e-4)), dist.get_rank())
 
 
@@ -150,9 +150,9 @@ def instrumented_iteration(training: MCoreTraining, iteration: int, instrument: 
     instrument.iteration_end(iteration, loss=loss, step_time_ms=(time.perf_counter() - started) * 1000.0)
 
 
-def train(spec: dict[str, Any], instrument: Instrument) -> None:
-    training = build(spec, instrument)
-    for iteration in range(1, spec["recipe"]["train_iters"] + 1):
+def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
+    training = build(recipe, row, instrument)
+    for iteration in range(1, recipe.train_iters + 1):
         instrumented_iteration(training, iteration, instrument)
     dist.barrier()
     dist.destroy_process_group()

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness.record.build import outcome as outcome_record
+from harness.record.model import Outcome
 from harness.record.schema import PHASES
 from harness.run.events import RankEvidence
-from harness.run.launch import TORCHRUN_DIR, LaunchResult
+from harness.run.torchrun import TORCHRUN_DIR, LaunchResult
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
 # Ours (the mcore loop's NonFiniteLoss) and Megatron's NaN checks on the loss (Bridge's rerun state machine).
@@ -37,7 +37,7 @@ HANG_MARKERS = ("timed out", "collective operation timeout")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Classification:
     status: str
     iteration: int | None
     phase: str | None
@@ -50,9 +50,8 @@ class Outcome:
             return None
         return self.iteration, -1 if self.phase is None else PHASES.index(self.phase)
 
-    def as_record(self) -> dict[str, Any]:
-        return outcome_record(self.status, iteration=self.iteration, phase=self.phase, ranks=self.ranks,
-                              message=self.message)
+    def as_record(self) -> Outcome:
+        return Outcome(self.status, self.iteration, self.phase, list(self.ranks), self.message)
 
 
 def error_kind(type_name: str | None, message: str) -> str:
@@ -94,7 +93,7 @@ def _first_line(message: str) -> str:
 
 
 def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: int, row_dir: Path,
-             stall_timeout_s: float, timeout_s: float) -> Outcome:
+             stall_timeout_s: float, timeout_s: float) -> Classification:
     outcome = _classify(ranks, launch, train_iters, row_dir, stall_timeout_s, timeout_s)
     if launch.killed_leftovers:
         outcome = replace(outcome, message=f"{outcome.message}; killed {len(launch.killed_leftovers)} process(es) "
@@ -103,7 +102,7 @@ def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: in
 
 
 def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int, row_dir: Path,
-              stall_timeout_s: float, timeout_s: float) -> Outcome:
+              stall_timeout_s: float, timeout_s: float) -> Classification:
     unfinished = [rank for rank in ranks if not rank.done]
     if launch.stopped is not None and unfinished:
         return _hang(ranks, launch, stall_timeout_s, timeout_s)
@@ -114,13 +113,13 @@ def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int,
         return _from_torchrun(unfinished, launch, row_dir)
     short = [rank.rank for rank in ranks if len(rank.iterations) < train_iters]
     if short:
-        return Outcome("crash", None, None, tuple(short),
+        return Classification("crash", None, None, tuple(short),
                        f"rank(s) {short} finished without reporting all {train_iters} iterations")
     nan = [rank.rank for rank in ranks if any(it.get("nan") for it in rank.iterations)]
     if nan:
-        return Outcome("nan", None, None, tuple(nan), "non-finite loss reported")
+        return Classification("nan", None, None, tuple(nan), "non-finite loss reported")
     exit_note = "" if launch.succeeded else f" (then the processes did not exit cleanly: {launch.stopped or launch.returncodes})"
-    return Outcome("completed", train_iters, None, (),
+    return Classification("completed", train_iters, None, (),
                    f"completed {train_iters} iterations on {len(ranks)} ranks{exit_note}")
 
 
@@ -129,20 +128,20 @@ def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEviden
     return lowest, [rank for rank in ranks if rank.position == lowest]
 
 
-def _hang(ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float) -> Outcome:
+def _hang(ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float) -> Classification:
     waiting = [rank for rank in ranks if not rank.done] or ranks
     _, stuck = _behind(waiting)
     first = stuck[0]
     why = (f"no rank reported progress for {stall_timeout_s:g} s" if launch.stopped == "stall"
            else f"still running after the {timeout_s:g} s timeout")
     where = f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
-    return Outcome(
+    return Classification(
         "hang", first.iteration if first.phase else None, first.phase, tuple(rank.rank for rank in stuck),
         f"{why}; rank(s) {[rank.rank for rank in stuck]} stopped at {where}; process group killed",
     )
 
 
-def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Outcome:
+def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Classification:
     own = [(rank, error) for rank, error in errors if not _is_peer_loss(error.get("message", ""))]
     candidates = own or errors
     root_rank, root = min(candidates, key=lambda item: item[1].get("t", 0.0))
@@ -155,10 +154,10 @@ def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Outcome:
             root_rank, root = min(origin, key=lambda item: item[1].get("t", 0.0))
             same = sorted({rank for rank, _ in origin})
     message = f"{root.get('type')}: {_first_line(root.get('message', ''))} (rank {root_rank})"
-    return Outcome(kind, root.get("iteration"), root.get("phase"), tuple(same), message)
+    return Classification(kind, root.get("iteration"), root.get("phase"), tuple(same), message)
 
 
-def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir: Path) -> Outcome:
+def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir: Path) -> Classification:
     """No rank wrote an error line (killed by a signal, died in an import): use torchrun's files."""
     files = torchrun_errors(row_dir)
     own = [item for item in files if not _is_peer_loss(item["message"])] or files
@@ -171,16 +170,16 @@ def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir
     else:
         kind = "crash"
         message = f"torchrun exit codes {launch.returncodes}; rank(s) {[r.rank for r in stuck]} exited without an error report"
-    return Outcome(kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message)
+    return Classification(kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message)
 
 
-def against_control(row: Outcome, control: Outcome | None) -> Outcome:
+def against_control(row: Classification, control: Classification | None) -> Classification:
     """A failed row that got further than a failed control is ``advanced-but-failed``, not a pass."""
     if control is None or row.status == "completed" or control.status == "completed":
         return row
     if row.position is None or control.position is None or row.position <= control.position:
         return row
-    return Outcome(
+    return Classification(
         "advanced-but-failed", row.iteration, row.phase, row.ranks,
         f"{row.status}: {row.message}; got further than the [] control "
         f"({control.status} at iteration {control.iteration} {control.phase})",

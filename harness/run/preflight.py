@@ -52,7 +52,7 @@ def main(argv: list[str]) -> None:
     from harness.run.backend_bridge import rejections
 
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    write_json_atomic(Path(argv[1]), rejections(request["recipe"], request["rows"]))
+    write_json_atomic(Path(argv[1]), rejections(Recipe.from_dict(request["recipe"]), request["rows"]))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from harness.run.classify import Outcome
+from harness.run.classify import Classification
 from harness.run.events import RankEvidence
 
 _STYLE = {"completed": "green", "oom": "red", "nan": "red", "crash": "red", "hang": "red",
@@ -59,7 +59,7 @@ class LiveProgress:
         line[4] = ", ".join(_rank_status(rank) for rank in ranks)
         self.live.update(self._table())
 
-    def row_finished(self, row: str, outcome: Outcome, elapsed_s: float) -> None:
+    def row_finished(self, row: str, outcome: Classification, elapsed_s: float) -> None:
         line = self.lines[row]
         where = f" @ it{outcome.iteration} {outcome.phase}" if outcome.status != "completed" and outcome.phase else ""
         line[1] = f"{outcome.status}{where}"

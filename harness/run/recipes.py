@@ -9,6 +9,7 @@ replace). Everything a user can get wrong is refused here, on one line, before a
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 import tomllib
@@ -17,25 +18,17 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from harness.config.fields import RecomputeFields
+from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.errors import UsageError
+from harness.record.model import ParallelLayout
 from harness.processes import run_bounded
 
 BACKENDS = ("bridge", "mcore")
 DEVICES = ("cuda", "cpu")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
-CONTROL_ROW = "[]"
 BRIDGE_RECIPES = ("moonlight_16b", "nemotron_3_nano")  # builders in harness.run.backend_bridge.RECIPES
 MCORE_PRECISIONS = ("fp32", "bf16", "fp16")  # parameter dtypes of the mcore back end's loop
 
-_REQUIRED = (
-    "description", "backend", "model", "device", "nnodes", "nproc_per_node", "seq_length",
-    "micro_batch_size", "global_batch_size", "train_iters", "precision", "attention_backend",
-    "steady_window", "rows",
-)
-_OPTIONAL = (
-    "base", "hardware", "requires", "timeout_s", "stall_timeout_s", "parallelism", "bridge", "mcore",
-)
 _INSTALL_HINT = {
     "megatron.bridge": "pip install 'recompute-harness[bridge]' on a CUDA machine with Transformer Engine",
     "transformer_engine": "Transformer Engine must be built against the machine's CUDA",
@@ -64,12 +57,10 @@ class Parallelism:
     def expert_data_parallel(self, world: int) -> int:
         return world // (self.expert_tp * self.ep * self.pp)
 
-    def record_dict(self, world: int) -> dict[str, int | None]:
+    def record_layout(self, world: int) -> ParallelLayout:
         """The record's ``workload.parallelism`` (dp and expert_dp derived from the world size)."""
-        return {
-            "tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "dp": self.data_parallel(world),
-            "expert_dp": self.expert_data_parallel(world), "vpp": self.vpp,
-        }
+        return ParallelLayout(tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, dp=self.data_parallel(world),
+                              expert_dp=self.expert_data_parallel(world), vpp=self.vpp)
 
 
 @dataclass(frozen=True)
@@ -102,17 +93,7 @@ class Recipe:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for the row spec a worker reads (the worker never re-reads TOML)."""
-        return {
-            "name": self.name, "description": self.description, "backend": self.backend, "model": self.model,
-            "device": self.device, "nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
-            "seq_length": self.seq_length, "micro_batch_size": self.micro_batch_size,
-            "global_batch_size": self.global_batch_size, "train_iters": self.train_iters,
-            "precision": self.precision, "attention_backend": self.attention_backend,
-            "steady_window": list(self.steady_window), "rows": list(self.rows),
-            "parallelism": {k: getattr(self.parallelism, k) for k in PARALLEL_KEYS},
-            "hardware": self.hardware, "requires": list(self.requires), "timeout_s": self.timeout_s,
-            "stall_timeout_s": self.stall_timeout_s, "backend_options": self.backend_options,
-        }
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
@@ -121,7 +102,17 @@ class Recipe:
         values["rows"] = tuple(values["rows"])
         values["requires"] = tuple(values["requires"])
         values["parallelism"] = Parallelism(**values["parallelism"])
+        values["timeout_s"], values["stall_timeout_s"] = float(values["timeout_s"]), float(values["stall_timeout_s"])
         return cls(**values)
+
+
+# A recipe file's keys are Recipe's fields, except: ``name`` is the file's, ``parallelism`` may be
+# omitted (all 1), the back end's own table (``[bridge]`` / ``[mcore]``) becomes ``backend_options``,
+# and ``base`` names the recipe it starts from.
+_FIELDS = {f.name: f for f in dataclasses.fields(Recipe) if f.name not in ("name", "backend_options")}
+_REQUIRED = tuple(name for name, f in _FIELDS.items() if name != "parallelism"
+                  and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+_OPTIONAL = (*(name for name in _FIELDS if name not in _REQUIRED), "base", *BACKENDS)
 
 
 def recipe_names() -> list[str]:
@@ -154,21 +145,6 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def parse_row(name: str) -> RecomputeFields:
-    """``[]`` -> selective control; ``a+b`` -> selective a, b; ``full-<method>-<n>`` -> full recompute."""
-    if name == CONTROL_ROW:
-        return RecomputeFields.selective()
-    if name.startswith("full-"):
-        method, _, count = name[len("full-"):].rpartition("-")
-        if not method or not count.isdigit():
-            raise UsageError(f"row {name!r}: full rows are spelled full-<method>-<layers>, e.g. full-uniform-1")
-        return RecomputeFields.full(method=method, num_layers=int(count))
-    labels = name.split("+")
-    if not all(label.strip() and label == label.strip() for label in labels):
-        raise UsageError(f"row {name!r}: expected [] or labels joined by '+', e.g. layernorm+moe_act")
-    return RecomputeFields.selective(*labels)
-
-
 def load_recipe(name: str) -> Recipe:
     """Load, merge and check one recipe (layout arithmetic included; packages are checked at launch)."""
     data = _raw(name)
@@ -194,29 +170,12 @@ def load_recipe(name: str) -> Recipe:
         raise UsageError(f"recipe {name!r}: [bridge] recipe must be one of {', '.join(BRIDGE_RECIPES)}")
     if backend == "mcore" and data["precision"] not in MCORE_PRECISIONS:
         raise UsageError(f"recipe {name!r}: mcore precision must be one of {', '.join(MCORE_PRECISIONS)}")
-    recipe = Recipe(
-        name=name,
-        description=data["description"],
-        backend=backend,
-        model=data["model"],
-        device=data["device"],
-        nnodes=data["nnodes"],
-        nproc_per_node=data["nproc_per_node"],
-        seq_length=data["seq_length"],
-        micro_batch_size=data["micro_batch_size"],
-        global_batch_size=data["global_batch_size"],
-        train_iters=data["train_iters"],
-        precision=data["precision"],
-        attention_backend=data["attention_backend"],
-        steady_window=(window[0], window[1]),
-        rows=tuple(data["rows"]),
-        parallelism=Parallelism(**layout),
-        hardware=data.get("hardware"),
-        requires=tuple(data.get("requires", ())),
-        timeout_s=float(data.get("timeout_s", 600.0)),
-        stall_timeout_s=float(data.get("stall_timeout_s", 300.0)),
-        backend_options=data.get(backend, {}),
-    )
+    values = {key: value for key, value in data.items() if key in _FIELDS}
+    values["parallelism"] = dataclasses.asdict(Parallelism(**layout))
+    recipe = Recipe.from_dict({
+        **{f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING},
+        **values, "name": name, "backend_options": data.get(backend, {}),
+    })
     check_recipe(recipe)
     return recipe
 
@@ -245,7 +204,7 @@ def check_recipe(recipe: Recipe) -> None:
     if not recipe.rows or recipe.rows[0] != CONTROL_ROW:
         raise UsageError(f"{where}: rows must start with the matched [] control")
     for row in recipe.rows:
-        parse_row(row)
+        RecomputeFields.parse(row)
 
 
 def check_layout(layout: Parallelism, world: int, where: str) -> None:
@@ -320,11 +279,7 @@ def import_failure(modules: Sequence[str], timeout_s: float = 300.0) -> tuple[st
 
 def with_world(recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> Recipe:
     """The recipe on another world shape (``--nnodes``/``--nproc-per-node``), re-checked."""
-    values = recipe.as_dict()
-    if nnodes is not None:
-        values["nnodes"] = nnodes
-    if nproc_per_node is not None:
-        values["nproc_per_node"] = nproc_per_node
-    changed = Recipe.from_dict(values)
+    changed = dataclasses.replace(recipe, nnodes=recipe.nnodes if nnodes is None else nnodes,
+                                  nproc_per_node=recipe.nproc_per_node if nproc_per_node is None else nproc_per_node)
     check_recipe(changed)
     return changed

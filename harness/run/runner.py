@@ -28,18 +28,19 @@ from harness.errors import UsageError
 from harness.files import write_json_atomic
 from harness.record.io import write_record
 from harness.run.assemble import build_record
-from harness.run.classify import Outcome, against_control, classify
+from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
-from harness.run.launch import LaunchResult, local_commands, run_row, slurm_command
+from harness.run.torchrun import LaunchResult, local_commands, run_row, slurm_command
 from harness.run.preflight import check_bridge_rows
-from harness.run.recipes import CONTROL_ROW, Recipe, check_packages, parse_row
+from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
+from harness.run.recipes import Recipe, check_packages
 
 
 class Progress(Protocol):
     def row_started(self, row: str) -> None: ...
     def poll(self, row: str, ranks: list[RankEvidence], elapsed_s: float) -> None: ...
-    def row_finished(self, row: str, outcome: Outcome, elapsed_s: float) -> None: ...
+    def row_finished(self, row: str, outcome: Classification, elapsed_s: float) -> None: ...
 
 
 @dataclass
@@ -48,7 +49,7 @@ class RowResult:
     row_dir: Path
     record_path: Path
     record: dict[str, Any]
-    outcome: Outcome
+    outcome: Classification
     launch: LaunchResult
 
 
@@ -62,7 +63,7 @@ def sweep_rows(recipe: Recipe, rows: list[str] | None) -> list[str]:
     if len(set(chosen)) != len(chosen):
         raise UsageError(f"duplicated row in {chosen}")
     for row in chosen:
-        parse_row(row)
+        RecomputeFields.parse(row)
     return chosen
 
 
@@ -88,10 +89,7 @@ def check_labels(rows: list[str]) -> None:
 
     known = accepted_labels()
     for row in rows:
-        unknown = sorted(set(parse_row(row).modules or ()) - known)
-        if unknown:
-            raise UsageError(f"row {row!r}: {', '.join(unknown)} not accepted by the installed Megatron Core "
-                             f"(labels: {', '.join(sorted(known))})")
+        require_known(RecomputeFields.parse(row).modules or (), known, f"row {row!r}")
 
 
 def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher = Launcher(),
@@ -152,7 +150,7 @@ def run_sweep(
     stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s
     directory = sweep_dir(out, recipe)
     results: list[RowResult] = []
-    control: Outcome | None = None
+    control: Classification | None = None
     for row in chosen:
         result = run_one_row(recipe, row, directory, fault=next((f for f in faults if f.applies_to(row)), None),
                              timeout_s=timeout_s, stall_timeout_s=stall_timeout_s, control=control, progress=progress,
@@ -164,7 +162,7 @@ def run_sweep(
 
 
 def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | None, timeout_s: float,
-                stall_timeout_s: float, control: Outcome | None, progress: Progress | None,
+                stall_timeout_s: float, control: Classification | None, progress: Progress | None,
                 launcher: Launcher = Launcher()) -> RowResult:
     slug = row_slug(row)
     row_dir = directory / "rows" / slug

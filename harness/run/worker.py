@@ -17,6 +17,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument
+from harness.run.recipes import Recipe
 
 
 def read_spec(row_dir: Path) -> dict[str, Any]:
@@ -28,17 +29,17 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     row_dir = Path(args[0])
     spec = read_spec(row_dir)
-    recipe = spec["recipe"]
+    recipe = Recipe.from_dict(spec["recipe"])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    instrument = Instrument(row_dir, rank, recipe["device"])
+    instrument = Instrument(row_dir, rank, recipe.device)
     try:
         # Import before announcing the start: the stall clock then never counts import time.
-        if recipe["backend"] == "mcore":
+        if recipe.backend == "mcore":
             from harness.run.backend_mcore import train
         else:
             from harness.run.backend_bridge import train
         instrument.started(world)
-        train(spec, instrument)
+        train(recipe, spec["row"], instrument)
     except BaseException as exc:
         instrument.failed(exc)
         raise

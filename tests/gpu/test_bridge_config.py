@@ -16,7 +16,8 @@ import pytest
 from gates import require
 from harness.errors import UsageError
 from harness.run.preflight import check_bridge_rows
-from harness.run.recipes import load_recipe, parse_row, recipe_names
+from harness.config.fields import RecomputeFields
+from harness.run.recipes import load_recipe, recipe_names
 
 pytestmark = pytest.mark.gpu
 
@@ -52,7 +53,7 @@ def test_short_run_sets_what_the_record_claims(name):
     row = recipe.rows[-1]
     cfg, _ = configure(spec, row)
     model = cfg.model
-    for field, value in {"recompute_modules": None, **parse_row(row).as_config_kwargs()}.items():
+    for field, value in {"recompute_modules": None, **RecomputeFields.parse(row).as_config_kwargs()}.items():
         assert getattr(model, field) == value, field
     layout = recipe.parallelism
     assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size,

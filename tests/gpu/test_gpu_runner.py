@@ -24,15 +24,15 @@ def _out(tmp_path: Path) -> Path:
 def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
     for result in results:
         assert result.outcome.status == "completed", f"{result.row}: {result.outcome.message}"
-        ranks = result.record["metrics"]["ranks"]
-        assert sorted(rank["rank"] for rank in ranks) == list(range(world_size))
+        ranks = result.record.run_metrics.ranks
+        assert sorted(rank.rank for rank in ranks) == list(range(world_size))
         for rank in ranks:
-            for peak in rank["peaks"]:
-                assert 0 < peak["allocated_bytes"] <= peak["reserved_bytes"]
-        headline = result.record["metrics"]["headline"]
+            for peak in rank.peaks:
+                assert 0 < peak.allocated_bytes <= peak.reserved_bytes
+        headline = result.record.headline
         assert headline["peak_after_iteration"] == 2 and headline["step_time_ms"] > 0
         assert headline["run_peak_allocated_bytes"] >= headline["peak_allocated_bytes"]
-        assert result.record["metrics"]["nan_iterations"] == 0
+        assert result.record.run_metrics.nan_iterations == 0
 
 
 def test_mcore_backend_one_gpu(tmp_path):
@@ -70,21 +70,22 @@ def test_bridge_short_recipes(tmp_path, recipe_name, needs):
     _, results = run_sweep(recipe, _out(tmp_path), rows=[recipe.rows[1]])
     _assert_complete_with_per_rank_peaks(results, recipe.world_size)
     for result in results:  # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches
-        extra = result.record["workload"]["extra"]
+        extra = result.record.workload.extra
         assert "env.PYTORCH_CUDA_ALLOC_CONF" in extra and "env_applied_after_cuda_init" not in extra
-        assert result.record["hardware"]["device"] != "unidentified"
+        assert result.record.hardware.device != "unidentified"
 
 
 def test_moonlight_seed_study_matches_its_golden(tmp_path):
     require(gpus=8, sm="9.0", te=True, bridge=True)
     from harness.compare.comparator import compare_records
     from harness.record.golden import load_golden
+    from harness.record.golden_dir import golden_root
 
     from harness.config.revisions import collect_revisions
 
-    golden_path = next(Path(__file__).parents[1].joinpath("golden").glob("moonlight-full-8gpu__H100_80GBx8__*.json"))
+    golden_path = next(golden_root().glob("moonlight-full-8gpu__H100_80GBx8__*.json"))
     golden = load_golden(golden_path)
-    pinned, installed = golden["pins"]["megatron_core"]["commit"], collect_revisions()["megatron_core"]["commit"]
+    pinned, installed = golden.pins["megatron_core"]["commit"], collect_revisions()["megatron_core"]["commit"]
     if installed != pinned:  # the comparator would refuse (exit 2): the seed values hold for that pin only
         pytest.skip(f"installed Megatron Core commit {installed} is not the seed study's pin {pinned}")
     _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _out(tmp_path))

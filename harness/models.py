@@ -1,0 +1,233 @@
+"""Tiny "style" models built from Megatron Core's own specs: shaped like the real ones, small enough for CPU.
+
+Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test.
+The only component of ours is ``KVChannelsDotProductAttention``: MCore's MLA builds its core attention
+with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not accept; ours
+accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs unmodified.
+
+``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the runner's
+``mcore`` back end calls it on CPU (under the adapter) and with ``device="cuda"`` on GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.core.activations import squared_relu
+
+from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
+
+
+@dataclass(frozen=True)
+class StyleModel:
+    """One tiny model shape: TransformerConfig keyword arguments plus its batch geometry."""
+
+    name: str
+    description: str
+    config_kwargs: dict[str, Any]
+    vocab_size: int = 128
+    seq_length: int = 32
+    micro_batch_size: int = 2
+    mla: bool = False
+
+
+_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "normalization": "RMSNorm",
+    "add_bias_linear": False,  # selective `mlp` with biases deadlocks in backward: see the hang probe
+    "bias_dropout_fusion": False,
+    "masked_softmax_fusion": False,
+    "apply_rope_fusion": False,
+    "gradient_accumulation_fusion": False,
+    "persist_layer_norm": False,
+}
+_MOE: dict[str, Any] = {
+    "num_moe_experts": 4,
+    "moe_router_topk": 2,
+    "moe_ffn_hidden_size": 32,
+    "moe_shared_expert_intermediate_size": 32,
+    "moe_token_dispatcher_type": "allgather",  # alltoall creates a CUDA stream
+    "moe_router_load_balancing_type": "aux_loss",
+    "moe_aux_loss_coeff": 1e-2,
+}
+
+STYLE_MODELS: dict[str, StyleModel] = {
+    model.name: model
+    for model in (
+        StyleModel(
+            name="dense-tiny",
+            description="standard attention + dense SwiGLU MLP, RMSNorm, 2 layers (Llama-style)",
+            config_kwargs={**_COMMON, "num_layers": 2, "ffn_hidden_size": 128,
+                           "num_query_groups": 2, "gated_linear_unit": True,
+                           "activation_func": torch.nn.functional.silu},
+        ),
+        StyleModel(
+            name="moonlight-tiny",
+            description=("Moonlight/DeepSeek-V3 style: Multi-Latent Attention (q_lora_rank None; no "
+                         "latent KV norm: 0.19.2 cannot build it from the local spec) + MoE with shared "
+                         "experts and the grouped-GEMM flag, first layer dense (moe_layer_freq "
+                         "[0,1,1]), RMSNorm, SwiGLU, 3 layers"),
+            config_kwargs={**_COMMON, **_MOE, "num_layers": 3, "ffn_hidden_size": 128,
+                           "moe_layer_freq": [0, 1, 1], "moe_grouped_gemm": True,
+                           "gated_linear_unit": True, "activation_func": torch.nn.functional.silu,
+                           "multi_latent_attention": True, "q_lora_rank": None, "kv_lora_rank": 32,
+                           "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16,
+                           "rope_type": "rope"},
+            mla=True,
+        ),
+        StyleModel(
+            name="nemotron-tiny",
+            description=("attention + MoE (shared experts, squared-ReLU, grouped-GEMM flag) part of "
+                         "the Nemotron-H pattern, 2 layers; the Mamba layers are left out: they need CUDA kernels "
+                         "(mamba_ssm / causal_conv1d) that do not run on CPU"),
+            config_kwargs={**_COMMON, **_MOE, "num_layers": 2, "ffn_hidden_size": 128,
+                           "num_query_groups": 2, "gated_linear_unit": False, "moe_grouped_gemm": True,
+                           # MCore wraps squared_relu in torch.compile (jit_fuser); inductor's C++
+                           # build takes ~25 s on CPU. Same function, run eagerly.
+                           "activation_func": torch.compiler.disable(squared_relu)},
+        ),
+    )
+}
+
+
+def style_model(name: str) -> StyleModel:
+    try:
+        return STYLE_MODELS[name]
+    except KeyError:
+        raise UsageError(f"unknown model {name!r}; known: {', '.join(STYLE_MODELS)}") from None
+
+
+def kv_channels_dot_product_attention() -> type:
+    """The local ``DotProductAttention`` that also takes MLA's ``k_channels`` / ``v_channels``.
+
+    MCore's local attention math is dimension-agnostic except for the output width, which it derives
+    from ``kv_channels``; here it comes from ``v_channels`` as MLA requires.
+    """
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class KVChannelsDotProductAttention(DotProductAttention):
+        def __init__(self, *args: Any, k_channels: int | None = None, v_channels: int | None = None,
+                     **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return KVChannelsDotProductAttention
+
+
+@dataclass
+class TinyModel:
+    """A built style model plus the batch it trains on."""
+
+    style: StyleModel
+    module: torch.nn.Module
+    config: Any  # megatron.core TransformerConfig
+    seq_length: int
+    micro_batch_size: int
+    device: torch.device
+
+    def batch(self, seed: int = 0) -> dict[str, torch.Tensor]:
+        """Deterministic tokens, positions, causal mask (True = masked) and labels."""
+        generator = torch.Generator().manual_seed(seed)
+        shape = (self.micro_batch_size, self.seq_length + 1)
+        tokens = torch.randint(0, self.style.vocab_size, shape, generator=generator)
+        causal = torch.triu(torch.ones(self.seq_length, self.seq_length, dtype=torch.bool), diagonal=1)
+        positions = torch.arange(self.seq_length).expand(self.micro_batch_size, -1)
+        return {name: tensor.to(self.device) for name, tensor in {
+            "input_ids": tokens[:, :-1].contiguous(), "position_ids": positions.contiguous(),
+            "attention_mask": causal[None, None], "labels": tokens[:, 1:].contiguous()}.items()}
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean token loss: the scalar the probe differentiates."""
+        per_token = self.module(batch["input_ids"], batch["position_ids"], batch["attention_mask"],
+                                labels=batch["labels"])
+        return per_token.float().mean()
+
+
+def _parallel_sizes(has_experts: bool) -> dict[str, int]:
+    """The model-parallel sizes of the running MCore parallel state (the config must agree with it)."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return {}
+    sizes = {
+        "tensor_model_parallel_size": ps.get_tensor_model_parallel_world_size(),
+        "pipeline_model_parallel_size": ps.get_pipeline_model_parallel_world_size(),
+        "context_parallel_size": ps.get_context_parallel_world_size(),
+    }
+    if has_experts:
+        sizes["expert_model_parallel_size"] = ps.get_expert_model_parallel_world_size()
+    return sizes
+
+
+def transformer_config(style: StyleModel, fields: RecomputeFields, *, dropout: bool = False,
+                       add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
+                       device: str | torch.device = "cpu", **overrides: Any) -> Any:
+    """The real ``TransformerConfig`` (``MLATransformerConfig`` for MLA); its validator runs here."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    kwargs = dict(style.config_kwargs)
+    if add_bias_linear is not None:
+        kwargs["add_bias_linear"] = add_bias_linear
+    kwargs.update(_parallel_sizes(has_experts="num_moe_experts" in kwargs))
+    kwargs.update(
+        hidden_dropout=0.1 if dropout else 0.0,
+        attention_dropout=0.1 if dropout else 0.0,
+        params_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=torch.device(device).type == "cpu",
+        **fields.as_config_kwargs(),
+    )
+    kwargs.update(overrides)
+    return (MLATransformerConfig if style.mla else TransformerConfig)(**kwargs)
+
+
+def _fit_moe_metrics_tracker(num_layers: int) -> None:
+    """MCore keeps the routers' aux-loss metrics in one process-global tracker whose per-layer tensors
+    are sized by the first model that records into it; a model of another depth built later in the same
+    process (the probe, a test worker) would index past them. Such a tracker is dropped; one of the
+    right size is kept, as a training process keeps it warm after its first step (so counts of replayed
+    operators never depend on which model a process built before)."""
+    from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker, get_moe_metrics_tracker
+
+    if any(entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()):
+        destroy_moe_metrics_tracker()
+
+
+def build_model(name: str, fields: RecomputeFields, *, dropout: bool = False,
+                seq_length: int | None = None, micro_batch_size: int | None = None,
+                add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu", seed: int = 1234, **config_overrides: Any) -> TinyModel:
+    """Build style model ``name`` with the given recompute fields (model-parallel state must exist).
+
+    Raises ``UsageError`` for an unknown name or nonsense sizes; the validator's own exception
+    (AssertionError / ValueError) for recompute fields it rejects.
+    """
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    style = style_model(name)
+    seq_length = style.seq_length if seq_length is None else seq_length
+    micro_batch_size = style.micro_batch_size if micro_batch_size is None else micro_batch_size
+    for label, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
+            raise UsageError(f"{label} must be an integer in [1, 1048576], got {value!r}")
+    config = transformer_config(style, fields, dropout=dropout, add_bias_linear=add_bias_linear,
+                                dtype=dtype, device=device, **config_overrides)
+    _fit_moe_metrics_tracker(config.num_layers)
+    block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
+                                            normalization=config.normalization)
+    if style.mla:
+        attention_class = kv_channels_dot_product_attention()
+        for layer_spec in block_spec.layer_specs:
+            layer_spec.submodules.self_attention.submodules.core_attention = attention_class
+    torch.manual_seed(seed)
+    module = GPTModel(config, block_spec, vocab_size=style.vocab_size, max_sequence_length=seq_length,
+                      position_embedding_type="rope")
+    module.to(device)
+    return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))

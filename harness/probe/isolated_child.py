@@ -1,0 +1,42 @@
+"""The isolated probe's child process: ``python -m harness.probe.isolated_child`` (started by
+``harness.probe.isolate.IsolatedProbe``): gloo + the model, ``READY``, one measured row, ``RESULT {json}``."""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import sys
+
+from harness.config.fields import RecomputeFields
+from harness.probe.isolate import READY, RESULT
+from harness.probe.plan import ProbeRow
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness.probe.isolated_child")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--fields", required=True)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--add-bias-linear", action="store_true")
+    parser.add_argument("--seq-length", type=int)
+    parser.add_argument("--micro-batch-size", type=int)
+    parser.add_argument("--lifetime", type=float, required=True)
+    args = parser.parse_args(argv)
+    faulthandler.dump_traceback_later(args.lifetime, exit=True)
+    sizes = {key: value for key, value in (("seq_length", args.seq_length),
+                                           ("micro_batch_size", args.micro_batch_size)) if value is not None}
+
+    from harness.cpu.adapter import init_cpu_parallel_state
+    from harness.probe.runner import measure_row_pair
+
+    init_cpu_parallel_state(seed=args.seed)
+    row = ProbeRow(RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear)
+    print(READY, flush=True)
+    payload = measure_row_pair(args.model, row, seed=args.seed, **sizes)
+    print(RESULT + json.dumps(payload), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

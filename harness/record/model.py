@@ -1,0 +1,354 @@
+"""The run record as typed values, from the runner to the reports.
+
+``Record.from_json`` is the only way in (it validates first: ``harness.record.schema``) and
+``Record.to_json`` the only way out; everything between works on attributes. The JSON layout (key
+order included) is the one schema v1 has always written, so a record or golden written before these
+types existed loads, compares and re-serialises unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.config.fields import RecomputeFields
+from harness.record.metrics import metrics_in
+from harness.record.schema import SCHEMA, SCHEMA_VERSION, validate_record
+
+Number = int | float
+
+
+@dataclass
+class CoreRevision:
+    version: str | None
+    commit: str | None
+    fingerprint: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "commit": self.commit, "fingerprint": self.fingerprint}
+
+
+@dataclass
+class BridgeRevision:
+    version: str | None
+    commit: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "commit": self.commit}
+
+
+# The revisions a golden is pinned to (driver, python and host are provenance, not pins).
+PIN_KEYS = ("megatron_core", "megatron_bridge", "torch", "transformer_engine", "cuda")
+
+
+@dataclass
+class Revisions:
+    torch: str | None
+    megatron_core: CoreRevision
+    megatron_bridge: BridgeRevision | None
+    transformer_engine: str | None
+    cuda: str | None
+    driver: str | None
+    python: str | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Revisions":
+        bridge = data["megatron_bridge"]
+        return cls(
+            torch=data["torch"], megatron_core=CoreRevision(**data["megatron_core"]),
+            megatron_bridge=None if bridge is None else BridgeRevision(**bridge),
+            transformer_engine=data["transformer_engine"], cuda=data["cuda"], driver=data["driver"],
+            python=data["python"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "torch": self.torch, "megatron_core": self.megatron_core.to_json(),
+            "megatron_bridge": None if self.megatron_bridge is None else self.megatron_bridge.to_json(),
+            "transformer_engine": self.transformer_engine, "cuda": self.cuda, "driver": self.driver,
+            "python": self.python,
+        }
+
+    def pins(self) -> dict[str, Any]:
+        data = self.to_json()
+        return {key: data[key] for key in PIN_KEYS}
+
+
+@dataclass
+class Hardware:
+    device: str  # GPU profile (``H100_80GB``), ``cpu`` or ``unidentified``
+    gpu_count: int
+    sm: str | None
+    host: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"device": self.device, "gpu_count": self.gpu_count, "sm": self.sm, "host": self.host}
+
+    def profile(self) -> dict[str, Any]:
+        """What a golden's hardware is: the device model and how many (the host is provenance)."""
+        return {"device": self.device, "gpu_count": self.gpu_count}
+
+
+@dataclass
+class ParallelLayout:
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    dp: int
+    expert_dp: int | None
+    vpp: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
+                "expert_dp": self.expert_dp, "vpp": self.vpp}
+
+
+@dataclass
+class Workload:
+    recipe: str
+    model: str
+    backend: str
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    precision: str
+    attention_backend: str | None
+    train_iters: int | None
+    parallelism: ParallelLayout
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Workload":
+        values = {key: value for key, value in data.items() if key not in ("parallelism", "extra")}
+        return cls(**values, parallelism=ParallelLayout(**data["parallelism"]), extra=dict(data.get("extra", {})))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "recipe": self.recipe, "model": self.model, "backend": self.backend, "seq_length": self.seq_length,
+            "micro_batch_size": self.micro_batch_size, "global_batch_size": self.global_batch_size,
+            "precision": self.precision, "attention_backend": self.attention_backend,
+            "train_iters": self.train_iters, "parallelism": self.parallelism.to_json(),
+        }
+        if self.extra:
+            data["extra"] = dict(self.extra)
+        return data
+
+
+@dataclass
+class IterationRow:
+    iteration: int
+    step_time_ms: float | None
+    loss: float | None  # None with ``nan=True`` for a NaN/inf loss: files never hold NaN
+    tflops_per_gpu: float | None
+    skipped: bool
+    nan: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "step_time_ms": self.step_time_ms, "loss": self.loss,
+                "tflops_per_gpu": self.tflops_per_gpu, "skipped": self.skipped, "nan": self.nan}
+
+
+@dataclass
+class PeakReading:
+    iteration: int
+    allocated_bytes: int
+    reserved_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes}
+
+
+@dataclass
+class RankPeaks:
+    """A rank's allocator peaks read after each iteration's optimizer step."""
+
+    rank: int
+    peaks: list[PeakReading]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "peaks": [peak.to_json() for peak in self.peaks]}
+
+    def at(self, iteration: int) -> PeakReading | None:
+        return next((peak for peak in self.peaks if peak.iteration == iteration), None)
+
+
+@dataclass
+class SteadyWindow:
+    first: int
+    last: int
+
+    def to_json(self) -> dict[str, int]:
+        return {"first": self.first, "last": self.last}
+
+
+# The structural headline keys, and where they sit among the metrics in the JSON object.
+_HEADLINE_STRUCTURE = {"peak_rank": "peak_reserved_bytes", "peak_scope": "peak_after_iteration"}
+
+
+@dataclass
+class Headline:
+    """The numbers a verdict is made on: every headline metric of the registry the record holds."""
+
+    values: dict[str, Number | None]
+    peak_rank: int | None
+    peak_scope: str  # all-ranks | rank0 | unreported
+
+    def __getitem__(self, name: str) -> Number | None:
+        return self.values.get(name)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Headline":
+        values = {key: value for key, value in data.items() if key not in _HEADLINE_STRUCTURE}
+        return cls(values=values, peak_rank=data["peak_rank"], peak_scope=data["peak_scope"])
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {}
+        for metric in metrics_in("headline"):
+            if metric.name in self.values:
+                data[metric.name] = self.values[metric.name]
+            for key, after in _HEADLINE_STRUCTURE.items():
+                if after == metric.name:
+                    data[key] = getattr(self, key)
+        return data
+
+
+@dataclass
+class RunMetrics:
+    """Metrics of a GPU run (or a transcribed reference row, which states only the headline)."""
+
+    iterations: list[IterationRow]
+    ranks: list[RankPeaks]
+    steady_window: SteadyWindow | None
+    headline: Headline
+    skipped_iterations: int | None
+    nan_iterations: int | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunMetrics":
+        window = data["steady_window"]
+        return cls(
+            iterations=[IterationRow(**row) for row in data["iterations"]],
+            ranks=[RankPeaks(rank["rank"], [PeakReading(**peak) for peak in rank["peaks"]]) for rank in data["ranks"]],
+            steady_window=None if window is None else SteadyWindow(**window),
+            headline=Headline.from_json(data["headline"]),
+            skipped_iterations=data["skipped_iterations"], nan_iterations=data["nan_iterations"],
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iterations": [row.to_json() for row in self.iterations],
+            "ranks": [rank.to_json() for rank in self.ranks],
+            "steady_window": None if self.steady_window is None else self.steady_window.to_json(),
+            "headline": self.headline.to_json(),
+            "skipped_iterations": self.skipped_iterations,
+            "nan_iterations": self.nan_iterations,
+        }
+
+    def golden_values(self, names: tuple[str, ...]) -> dict[str, Number | None]:
+        counts = {"skipped_iterations": self.skipped_iterations, "nan_iterations": self.nan_iterations}
+        return {name: counts[name] if name in counts else self.headline.values[name]
+                for name in names if name in counts or name in self.headline.values}
+
+
+@dataclass
+class ProbeMetrics:
+    """Metrics of one CPU-probe row: deterministic counts (registry scope ``probe``)."""
+
+    values: dict[str, Number]
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+@dataclass
+class Outcome:
+    """How the run ended: status, the iteration and phase it stopped in, the failing rank(s)."""
+
+    status: str
+    iteration: int | None = None
+    phase: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    message: str = ""
+    site: str | None = None  # where inside the phase, when the source says (e.g. ``forward``)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Outcome":
+        return cls(status=data["status"], iteration=data["iteration"], phase=data["phase"],
+                   ranks=list(data["ranks"]), message=data["message"], site=data.get("site"))
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"status": self.status, "iteration": self.iteration, "phase": self.phase,
+                                "ranks": list(self.ranks), "message": self.message}
+        if self.site is not None:
+            data["site"] = self.site
+        return data
+
+    def stage(self) -> dict[str, Any]:
+        """What a golden keeps of an outcome."""
+        return {"status": self.status, "iteration": self.iteration, "phase": self.phase}
+
+
+@dataclass
+class Record:
+    """One run, CPU-probe row or transcribed reference row (schema v1: docs/run-record.md)."""
+
+    kind: str  # run | cpu-probe | reference
+    id: str
+    created: str
+    revisions: Revisions
+    hardware: Hardware
+    workload: Workload
+    recompute: RecomputeFields
+    metrics: RunMetrics | ProbeMetrics
+    outcome: Outcome
+    provenance: dict[str, str | None] | None = None
+
+    @property
+    def label(self) -> str:
+        """The row name (``[]``, ``moe_act``, ``full-uniform-1``): ``RecomputeFields.name``."""
+        return self.recompute.name
+
+    @property
+    def run_metrics(self) -> RunMetrics:
+        assert isinstance(self.metrics, RunMetrics), f"{self.id}: a {self.kind} record has no run metrics"
+        return self.metrics
+
+    @property
+    def headline(self) -> Headline:
+        return self.run_metrics.headline
+
+    def pins(self) -> dict[str, Any]:
+        return self.revisions.pins()
+
+    @classmethod
+    def from_json(cls, data: Any, source: str = "record") -> "Record":
+        """Validate ``data`` (one ``UsageError`` line naming ``source`` if invalid), then type it."""
+        validate_record(data, source)
+        metrics = data["metrics"]
+        return cls(
+            kind=data["kind"], id=data["id"], created=data["created"],
+            revisions=Revisions.from_json(data["revisions"]),
+            hardware=Hardware(**data["hardware"]),
+            workload=Workload.from_json(data["workload"]),
+            recompute=RecomputeFields.from_dict(data["recompute"]),
+            metrics=ProbeMetrics(dict(metrics)) if data["kind"] == "cpu-probe" else RunMetrics.from_json(metrics),
+            outcome=Outcome.from_json(data["outcome"]),
+            provenance=None if "provenance" not in data else dict(data["provenance"]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": self.kind, "id": self.id,
+            "created": self.created, "revisions": self.revisions.to_json(), "hardware": self.hardware.to_json(),
+            "workload": self.workload.to_json(), "recompute": self.recompute.as_dict(),
+            "metrics": self.metrics.to_json(), "outcome": self.outcome.to_json(),
+        }
+        if self.provenance is not None:
+            data["provenance"] = dict(self.provenance)
+        return data
+
+    def validated(self) -> "Record":
+        """Re-check the record after a change (the writer calls it: an invalid record never lands)."""
+        validate_record(self.to_json(), f"record {self.id}")
+        return self

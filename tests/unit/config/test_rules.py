@@ -1,0 +1,179 @@
+"""What recompute configuration means on the installed Megatron Core, against the real validator and
+real layers built on CPU."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from harness.config.fields import RecomputeFields
+from harness.config.labels import accepted_labels
+from harness.config.validate import ConfigRejected, check_config, validate
+from harness.config.rules import RULES_BY_ID
+
+
+def _fields(**recompute) -> dict:
+    return RecomputeFields(**recompute).as_config_kwargs()
+
+
+def test_selective_empty_list_is_accepted_and_kept_empty():
+    verdict = validate(_fields(granularity="selective", modules=()))
+    assert verdict.accepted and verdict.effective == RecomputeFields.selective()
+
+
+def test_selective_without_modules_becomes_core_attn():
+    verdict = validate(_fields(granularity="selective"))
+    assert verdict.accepted and verdict.effective.modules == ("core_attn",)
+
+
+@pytest.mark.parametrize("fields, rule, mcore_exception", [
+    (_fields(granularity="selective", modules=("core_attn", "not_a_label")), "labels.unknown", "AssertionError"),
+    (_fields(granularity="selective", modules=("moe_act",)), "labels.moe_act-needs-grouped-gemm", "ValueError"),
+    (_fields(granularity="full", num_layers=1), "recompute.full-needs-method", "ValueError"),
+    (_fields(granularity="full", method="uniform"), "recompute.full-needs-num-layers", "ValueError"),
+    (_fields(granularity="selective", num_layers=1), "recompute.selective-forbids-num-layers", "ValueError"),
+])
+def test_rejections_are_normalized_to_a_rule_id_with_mcores_message(fields, rule, mcore_exception):
+    with pytest.raises(ConfigRejected) as rejected:
+        check_config(fields)
+    assert (rejected.value.rule, rejected.value.mcore_exception) == (rule, mcore_exception)
+    assert rejected.value.message and rejected.value.message in str(rejected.value)
+    assert RULES_BY_ID[rule].raises == mcore_exception
+
+
+def test_unknown_label_message_names_the_label():
+    verdict = validate(_fields(granularity="selective", modules=("mlp", "attention")))
+    assert verdict.rule == "labels.unknown" and "attention" in verdict.message
+
+
+def test_mla_label_validates_through_mla_config():
+    assert validate({**_fields(granularity="selective", modules=("mla_up_proj",)),
+                     "multi_latent_attention": True}).accepted
+
+
+@pytest.mark.parametrize("rule, fields", [
+    ("semantics.selective-ignores-method", _fields(granularity="selective", modules=("mlp",), method="block")),
+    ("semantics.num-layers-without-granularity", _fields(num_layers=2)),
+    ("semantics.full-block-num-layers-zero", _fields(granularity="full", method="block", num_layers=0)),
+    ("runtime.full-uniform-num-layers-zero-hangs", _fields(granularity="full", method="uniform", num_layers=0)),
+    ("semantics.labels-without-granularity", _fields(modules=("not_a_label",))),
+    ("semantics.distribute-saved-activations-without-recompute",
+     {"distribute_saved_activations": True, "sequence_parallel": True, "tensor_model_parallel_size": 2}),
+])
+def test_silent_acceptances_are_recorded_in_the_matrix(rule, fields):
+    verdict = validate(fields)
+    assert verdict.accepted, verdict.message
+    assert RULES_BY_ID[rule].outcome in ("silently-ignored", "hang")
+    expected = {**RecomputeFields().as_dict(), **RecomputeFields.from_dict(fields).as_dict()}
+    if expected["recompute_modules"] is None:
+        expected["recompute_modules"] = ["core_attn"]
+    assert verdict.effective.as_dict() == expected  # kept as given: nothing corrects or flags them
+
+
+# --- full supersedes selective, where it matters: on real layers -------------------------------------
+
+def _recompute_switches(module) -> dict[str, bool]:
+    """Every per-module recompute switch MCore set while building ``module``."""
+    return {
+        f"{name}.{attr}": value
+        for name, sub in module.named_modules()
+        for attr, value in vars(sub).items()
+        if isinstance(value, bool) and ("recompute" in attr or "checkpoint" in attr)
+    }
+
+
+@pytest.fixture(scope="module")
+def build():
+    adapter = pytest.importorskip("harness.cpu.adapter", reason="needs the CPU adapter (harness/cpu)")
+    from harness.models import build_model
+
+    adapter.init_cpu_parallel_state()
+    return lambda model, fields: _recompute_switches(build_model(model, fields).module)
+
+
+def _selective_labels(model: str) -> tuple[str, ...]:
+    """The labels this model's real config accepts under selective granularity."""
+    from harness.models import style_model, transformer_config
+
+    def accepted(label: str) -> bool:
+        try:
+            transformer_config(style_model(model), RecomputeFields.selective(label))
+        except (AssertionError, ValueError):
+            return False
+        return True
+
+    return tuple(label for label in sorted(accepted_labels()) if accepted(label))
+
+
+@pytest.mark.parametrize("model", ["dense-tiny", "moonlight-tiny"])
+def test_full_with_labels_turns_on_no_module_switch(build, model):
+    labels = tuple(sorted(accepted_labels()))
+    full_alone = build(model, RecomputeFields.full("uniform", 1))
+    full_with_labels = build(model, RecomputeFields("full", labels, "uniform", 1))
+    selective = build(model, RecomputeFields.selective(*_selective_labels(model)))
+    assert any(selective.values()), "the same labels under selective must switch modules on"
+    assert set(full_with_labels) == set(selective)
+    assert full_with_labels == full_alone and not any(full_with_labels.values())
+
+
+@pytest.mark.parametrize("model", ["dense-tiny", "moonlight-tiny"])
+def test_selective_empty_list_recomputes_no_module(build, model):
+    switches = build(model, RecomputeFields.selective())
+    assert switches and not any(switches.values())
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def _trains_within(model, seconds: float) -> bool:
+    """One forward+backward finishes within ``seconds`` (a SIGALRM interrupts the Python-level loop)."""
+
+    def interrupt(*_):
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        model.loss(model.batch()).backward()
+        return True
+    except _Interrupted:
+        return False
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_full_num_layers_zero_is_a_no_op_with_block_and_a_hang_with_uniform(build):
+    from harness.models import build_model
+
+    block = build_model("dense-tiny", RecomputeFields.full("block", 0))
+    uniform = build_model("dense-tiny", RecomputeFields.full("uniform", 0))
+    assert _trains_within(block, 5.0)
+    assert not _trains_within(uniform, 2.0), "full uniform with recompute_num_layers=0 returned"
+
+
+def test_mlp_label_switches_only_dense_layers(build):
+    switches = build("moonlight-tiny", RecomputeFields.selective("mlp"))  # layer 0 dense, 1-2 MoE
+    assert {name for name, on in switches.items() if on} == {"decoder.layers.0.recompute_mlp"}
+    assert RULES_BY_ID["semantics.mlp-on-moe-layers"].outcome == "silently-ignored"
+
+
+def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
+    from harness.cpu.adapter import transformer_engine_available
+
+    if transformer_engine_available():
+        pytest.skip("with Transformer Engine the grouped-GEMM flag builds TEGroupedMLP, where moe_act acts")
+    assert validate({**_fields(granularity="selective", modules=("moe_act",)), "num_moe_experts": 4,
+                     "moe_grouped_gemm": True}).accepted
+    switches = build("moonlight-tiny", RecomputeFields.selective("moe_act"))
+    assert switches and not any(switches.values())
+
+
+def test_legacy_moe_layer_recompute_becomes_selective_moe_after_the_label_checks():
+    verdict = validate({**_fields(modules=("not_a_label",)), "moe_layer_recompute": True})
+    # The unknown label is never checked: granularity was None when the label rules ran.
+    assert verdict.accepted and verdict.warning_rules == ("legacy.moe-layer-recompute-deprecated",)
+    assert verdict.effective == RecomputeFields("selective", ("not_a_label", "moe"))
+    assert RULES_BY_ID["legacy.moe-layer-recompute-becomes-selective-moe"].outcome == "silently-ignored"

@@ -1,0 +1,115 @@
+"""The compatibility matrix: complete, well-formed, every validator rule reachable, and in agreement
+with the real validator (Hypothesis differential test)."""
+
+from __future__ import annotations
+
+from hypothesis import given, strategies as st
+
+from harness.cli import main
+from harness.config.validate import validate
+from harness.matrix.check import check, compare, minimize
+from harness.matrix.oracle import Oracle
+from harness.config.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
+from harness.matrix.space import DIMENSIONS, MAX_LABELS, UNKNOWN_LABELS, Scenario, options_of, sample_scenarios
+
+ORACLE = Oracle()
+
+# The skill's "Compatibility and Validation" constraints and the issue's list, by rule id.
+REQUIRED_RULES = {
+    "cuda-graph.full-recompute-needs-full-iteration",  # full + non-full-iteration CUDA graphs
+    "ep-overlap.no-moe-recompute",  # whole moe + expert-parallel overlap
+    "labels.shared_experts-vs-shared-expert-overlap",
+    "fp8.delayed-scaling-vs-output-discard",  # FP8 delayed scaling + moe_act/layernorm
+    "fp8.output-discard-needs-te",
+    "recompute.distribute-saved-activations-vs-sequence-parallel",
+    "offload.no-recompute",
+    "offload.no-pipeline-parallel",
+    "labels.mla_up_proj-needs-mla",
+    "labels.moe_act-needs-grouped-gemm",
+    "labels.gdn_norm_out-needs-gdn",
+    "cuda-graph.graphed-attention-recompute-vs-dropout",
+    "cuda-graph.graphed-mlp-recompute-vs-dropout",
+    "cuda-graph.graphed-moe-recompute-vs-input-jitter",
+    "cuda-graph.moe-recompute-straddles-router-graph",  # checkpoint straddling a graph boundary
+    "labels.unknown",
+    "semantics.selective-empty-is-control",
+    "semantics.full-supersedes-selective",
+    "semantics.mlp-on-moe-layers",
+    "bridge.ep-overlap-vs-moe-recompute",
+}
+
+
+def test_matrix_covers_the_required_constraints():
+    assert REQUIRED_RULES <= set(RULES_BY_ID)
+    assert len(RULES_BY_ID) == len(RULES), "rule ids must be unique"
+
+
+def test_rules_are_well_formed():
+    for rule in RULES:
+        assert rule.outcome in ("accept", "reject", "warn", "silently-ignored", "hang"), rule.id
+        assert rule.reads and rule.condition and rule.source, rule.id
+        if rule.differential:
+            assert rule.enforced_in == VALIDATOR, rule.id
+            assert (rule.message is not None) == (rule.outcome in ("reject", "warn")), rule.id
+            assert (rule.raises is not None) == (rule.outcome == "reject"), rule.id
+            assert rule.outcome in ("reject", "warn") or rule.rewrite is not None, rule.id
+    assert rule_for_message("something MCore has never said") == UNCLASSIFIED
+
+
+def test_every_validator_rule_is_reachable_and_recognized():
+    examples: dict[str, Scenario] = {}
+    for scenario in sample_scenarios(20_000, ORACLE.labels, seed=7):
+        prediction = ORACLE.predict(scenario.fields())
+        for rule in (prediction.rule, *prediction.warning_rules):
+            examples.setdefault(rule, scenario)
+    unreached = {rule.id for rule in RULES if rule.message and rule.differential} - set(examples)
+    assert not unreached, f"the configuration space never reaches {sorted(unreached)}"
+    for rule_id, scenario in examples.items():
+        if rule_id is None:
+            continue
+        verdict = validate(scenario.fields())
+        assert rule_id in (verdict.rule, *verdict.warning_rules), (rule_id, scenario.describe(), verdict)
+        if verdict.rule == rule_id:
+            assert verdict.mcore_exception == RULES_BY_ID[rule_id].raises
+
+
+def _option(dimension: str) -> st.SearchStrategy[tuple[str, str]]:
+    baseline, common, rare = options_of(dimension)
+    # Baseline first: Hypothesis shrinks toward it, so a failure reports only the dimensions that matter.
+    choices = [st.just(baseline)] + [st.sampled_from(group) for group in (common, rare) if group]
+    return st.one_of(choices).map(lambda option: (dimension, option))
+
+
+scenarios = st.builds(
+    Scenario,
+    options=st.tuples(*(_option(dimension) for dimension in DIMENSIONS)),
+    modules=st.none()
+    | st.lists(st.sampled_from(sorted(ORACLE.labels) + list(UNKNOWN_LABELS)), max_size=MAX_LABELS).map(tuple),
+)
+
+
+@given(scenarios)
+def test_matrix_predicts_the_real_validator(scenario):
+    disagreement = compare(ORACLE, scenario)
+    assert disagreement is None, "\n" + minimize(ORACLE, disagreement).report()
+
+
+def test_check_reports_a_wrong_matrix_with_a_minimal_config():
+    blind_to_mlp = Oracle(labels=ORACLE.labels - {"mlp"})
+    disagreements = check(sample_scenarios(400, ORACLE.labels, seed=1), blind_to_mlp)
+    assert disagreements
+    report = disagreements[0].report()
+    assert "'mlp'" in report and "matrix predicts: reject [labels.unknown]" in report
+    assert "MCore validator: accept" in report
+
+
+def test_matrix_command_prints_every_rule(capsys):
+    assert main(["matrix"]) == 0
+    table = capsys.readouterr().out
+    assert all(f"`{rule.id}`" in table for rule in RULES)
+
+
+def test_matrix_check_command(capsys):
+    assert main(["matrix", "--check", "--count", "300"]) == 0
+    assert "checked 300 configurations" in capsys.readouterr().out
+    assert main(["matrix", "--check", "--count", "0"]) == 2

@@ -1,0 +1,133 @@
+"""The CPU probe on the full matrix of the three style models (computed once, ~15 s)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.models import STYLE_MODELS
+from harness.probe.golden import REFRESH_COMMAND, check_probe_golden, probe_records, write_probe_golden
+from harness.probe.runner import probe_models
+from harness.probe.table import attribution_table, grouped_attribution, probe_table
+
+# Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
+CHECKPOINT_LABELS = ("core_attn", "mlp", "moe", "shared_experts", "mla_up_proj", "full-uniform-1", "full-block-1")
+
+
+@pytest.fixture(scope="module")
+def probes():
+    from harness.probe.plan import plan_rows
+
+    assert any(row.may_hang for row in plan_rows())  # the deadlock row exists; probe/test_isolate.py runs it
+    results = probe_models(list(STYLE_MODELS), hang_probe=False)  # probe/test_isolate.py runs that row
+    return {probe.model: probe for probe in results}
+
+
+def rows_of(probe):
+    return {row.label: row for row in probe.rows if not row.add_bias_linear}
+
+
+def test_cpu_goldens_match(probes):
+    for probe in probes.values():
+        path, problems = check_probe_golden(probe)
+        assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+def test_golden_diff_is_readable_per_label(probes, tmp_path):
+    probe = probes["moonlight-tiny"]
+    path = write_probe_golden(probe, tmp_path)
+    golden = json.loads(path.read_text())
+    row = next(row for row in golden["rows"] if row["label"] == "mla_up_proj")
+    row["values"]["retained_bytes"] += 4096
+    path.write_text(json.dumps(golden))
+    _, problems = check_probe_golden(probe, tmp_path)
+    assert problems[0].startswith("mla_up_proj: retained_bytes ")
+    assert "FAIL" in problems[0] and problems[-1].endswith(REFRESH_COMMAND)
+    assert len(problems) == 2
+
+
+def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes, tmp_path):
+    probe = probes["moonlight-tiny"]
+    path = write_probe_golden(probe, tmp_path)
+    golden = json.loads(path.read_text())
+    golden["pins"]["megatron_core"]["fingerprint"] = "0000000000000000"  # as written by an older MCore
+    next(row for row in golden["rows"] if row["label"] == "moe")["values"]["backward_flops"] += 1
+    older = path.with_name(path.name.replace(probe_records(probe)[0].revisions.megatron_core.fingerprint,
+                                             "0000000000000000"))
+    older.write_text(json.dumps(golden))
+    path.unlink()
+    _, problems = check_probe_golden(probe, tmp_path)
+    assert problems[0].startswith("no CPU golden ") and problems[0].endswith(REFRESH_COMMAND)
+    assert problems[1] == f"against {older.name} (other revisions): 1 value(s) changed"
+    assert problems[2].startswith("moe: backward_flops ") and "FAIL" in problems[2]
+    assert len(problems) == 3
+
+
+def test_rows_survive_the_isolated_childs_json(probes):
+    from harness.probe.runner import ProbeRowResult
+
+    for row in probes["moonlight-tiny"].rows:
+        assert ProbeRowResult.from_dict(json.loads(json.dumps(row.as_dict()))) == row
+
+
+def test_records_are_cpu_probe_run_records(probes):
+    records = probe_records(probes["dense-tiny"])
+    assert {record.kind for record in records} == {"cpu-probe"}
+    assert all(record.workload.backend == "cpu-probe" for record in records)
+    assert records[0].recompute.modules == ()
+
+
+def test_checkpoint_labels_are_bitwise_equal_with_and_without_dropout(probes):
+    for probe in probes.values():
+        for label, row in rows_of(probe).items():
+            if label in CHECKPOINT_LABELS and row.measured:
+                assert row.equivalence.bitwise and row.dropout_equivalence.bitwise, (probe.model, label)
+
+
+def test_labels_that_do_nothing_are_reported_inactive(probes):
+    assert rows_of(probes["dense-tiny"])["moe"].status == "inactive"  # no MoE layers
+    assert rows_of(probes["dense-tiny"])["shared_experts"].status == "inactive"
+    assert rows_of(probes["nemotron-tiny"])["mlp"].status == "inactive"  # every MLP is MoE
+    assert rows_of(probes["moonlight-tiny"])["mlp"].status == "effective"  # first layer is dense
+
+
+def test_moe_act_without_te_is_requires_te_not_hidden(probes):
+    row = rows_of(probes["moonlight-tiny"])["moe_act"]
+    assert row.status == "requires-TE"
+    assert "TEGroupedMLP" in row.reason and "SequentialMLP" in row.reason
+    control = probes["moonlight-tiny"].control
+    assert row.retained_bytes == control.retained_bytes and row.backward_flops == control.backward_flops
+
+
+def test_rejections_carry_the_matrix_rule(probes):
+    row = rows_of(probes["dense-tiny"])["mla_up_proj"]
+    assert row.status == "rejected" and row.rule and row.rule != "mcore.unclassified"
+    assert "multi_latent_attention" in row.reason
+
+
+def test_output_discard_boundaries_count_as_freed(probes):
+    # layernorm and mla_up_proj discard their outputs after forward (storage resized to 0):
+    # the modules' retained bytes must drop to zero, not be counted at save time.
+    control = grouped_attribution(probes["moonlight-tiny"].control.attribution)
+    layernorm = grouped_attribution(rows_of(probes["moonlight-tiny"])["layernorm"].attribution)
+    norms = [m for m in control if m.endswith(("input_layernorm", "pre_mlp_layernorm"))]
+    assert norms and all(control[m] > 0 and layernorm.get(m, 0) == 0 for m in norms)
+    up_proj = grouped_attribution(rows_of(probes["moonlight-tiny"])["mla_up_proj"].attribution)
+    kv_up = [m for m in control if m.endswith("linear_kv_up_proj")]
+    assert kv_up and all(up_proj.get(m, 0) == 0 for m in kv_up)
+
+
+def test_full_recompute_retains_least_and_replays_most(probes):
+    for probe in probes.values():
+        rows = [row for row in rows_of(probe).values() if row.measured]
+        full = rows_of(probe)["full-uniform-1"]
+        assert full.retained_bytes == min(row.retained_bytes for row in rows)
+        assert full.backward_flops == max(row.backward_flops for row in rows)
+        assert probe.control.replay_bytes == 0 and full.replay_bytes > 0
+
+
+def test_tables_render(probes):
+    table = probe_table(probes["moonlight-tiny"])
+    assert "| `[]` |" in table and "| `mla_up_proj` |" in table and "requires-TE" in table
+    assert "linear_kv_up_proj" in attribution_table(probes["moonlight-tiny"])

@@ -1,0 +1,60 @@
+"""Golden files: strict validation, exact CPU-probe goldens."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from harness.compare.comparator import compare_records
+from harness.errors import UsageError
+from harness.record.golden import golden_from_records, load_golden, validate_golden
+from harness.testing import check_against_golden
+from record_samples import PROVENANCE, REVISIONS, refresh, run_record
+
+
+def test_golden_validation_refuses_nan_missing_pins_and_unruled_metrics(tmp_path):
+    golden = golden_from_records([run_record()], PROVENANCE).to_json()
+    bad = copy.deepcopy(golden)
+    bad["rows"][0]["values"]["step_time_ms"] = float("nan")
+    with pytest.raises(UsageError, match="finite number"):
+        validate_golden(bad, "g")
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(golden).replace('"step_time_ms": 400.0', '"step_time_ms": Infinity', 1))
+    with pytest.raises(UsageError, match="Infinity"):
+        load_golden(path)
+    bad = copy.deepcopy(golden)
+    bad["pins"]["megatron_core"] = {"version": None, "commit": None, "fingerprint": None}
+    with pytest.raises(UsageError, match="must be pinned"):
+        validate_golden(bad, "g")
+    bad = copy.deepcopy(golden)
+    del bad["tolerance"]["step_time_ms"]
+    with pytest.raises(UsageError, match="no tolerance rule"):
+        validate_golden(bad, "g")
+
+
+def _probe(label: str, retained: int):
+    from harness.config.fields import RecomputeFields
+    from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
+
+    return new_record(
+        "cpu-probe", revisions=REVISIONS, hardware=hardware("cpu", 0, host="h"),
+        workload=workload(recipe="cpu-probe-gpt", model="tiny-gpt", backend="cpu-probe", seq_length=8,
+                          micro_batch_size=1, global_batch_size=1, precision="fp32", attention_backend="local",
+                          train_iters=None, parallelism=parallelism()),
+        recompute=RecomputeFields.selective(label),
+        metrics=cpu_probe_metrics(retained_bytes=retained, backward_flops=1000, replay_bytes=64),
+        outcome=outcome("completed"),
+    )
+
+
+def test_cpu_probe_goldens_are_exact(tmp_path):
+    assert refresh(tmp_path, _probe("core_attn", 4096), _probe("mlp", 8192)) == 0
+    (golden,) = (tmp_path / "golden" / "cpu").glob("cpu-probe-gpt__cpux0__*.json")
+    assert {rule["mode"] for rule in load_golden(golden).tolerance.values()} == {"exact"}
+    check_against_golden([_probe("core_attn", 4096), _probe("mlp", 8192)], tmp_path / "golden")
+    with pytest.raises(AssertionError, match=r"retained_bytes .* FAIL: changed"):
+        check_against_golden([_probe("core_attn", 4097), _probe("mlp", 8192)], tmp_path / "golden")
+    with pytest.raises(UsageError, match="kind"):
+        compare_records(load_golden(golden), [run_record()], str(golden))

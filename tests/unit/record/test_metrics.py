@@ -1,0 +1,45 @@
+"""The metric registry: one declaration per metric, and everything else derived from it."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.errors import UsageError
+from harness.record.golden import golden_from_records
+from harness.record.metrics import METRICS, RUN_GOLDEN_METRICS, default_tolerance_policy, metric, metrics_in
+from harness.record.schema import validate_record
+from record_samples import run_json, run_record
+
+
+def test_every_metric_is_declared_once_per_scope():
+    keys = [(m.name, m.scope) for m in METRICS]
+    assert len(keys) == len(set(keys))
+    assert all(m.tolerance.mode == "exact" or m.tolerance.rel > 0 for m in METRICS)
+
+
+def test_default_policy_and_golden_rows_come_from_the_registry():
+    policy = default_tolerance_policy("run")
+    assert list(policy) == list(RUN_GOLDEN_METRICS)
+    assert policy["step_time_ms"] == {"mode": "relative", "rel": metric("step_time_ms").tolerance.rel}
+    golden = golden_from_records([run_record()], {"source": "test"})
+    assert set(golden.rows[0].values) <= set(RUN_GOLDEN_METRICS)
+    assert default_tolerance_policy("cpu-probe") == {"*": {"mode": "exact"}}
+
+
+def test_a_rank_derived_headline_metric_is_computed_and_checked_by_its_registry_entry():
+    # The per-rank spread of the allocated peak: declared in the registry alone (with its from_ranks).
+    record = run_record(gpus=3)
+    spread = record.headline["peak_allocated_spread_bytes"]
+    peaks = [rank.at(2).allocated_bytes for rank in record.run_metrics.ranks]
+    assert spread == max(peaks) - min(peaks) == 2000
+    edited = run_json(gpus=3)
+    edited["metrics"]["headline"]["peak_allocated_spread_bytes"] = 0
+    with pytest.raises(UsageError, match="peak_allocated_spread_bytes: 0 is not what the per-rank peaks give"):
+        validate_record(edited)
+
+
+def test_records_written_before_an_optional_metric_existed_still_load():
+    older = run_json()
+    for name in (m.name for m in metrics_in("headline") if not m.required):
+        del older["metrics"]["headline"][name]
+    assert validate_record(older) is older

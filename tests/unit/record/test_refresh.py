@@ -1,0 +1,33 @@
+"""Golden refresh: only the records' own pins are written, with an old -> new diff; failed or partial sets are refused."""
+
+from __future__ import annotations
+
+import copy
+
+
+from harness.cli import main
+from record_samples import REVISIONS, refresh, run_record, write_records
+
+
+def test_refresh_writes_only_its_own_pins_and_diffs_against_the_previous_revision(tmp_path, capsys):
+    assert refresh(tmp_path, run_record(), run_record("moe_act")) == 0
+    (old,) = (tmp_path / "golden").glob("*.json")
+    old_bytes = old.read_bytes()
+    bumped = copy.deepcopy(REVISIONS)
+    bumped["megatron_core"].update(version="0.20.0", fingerprint="0123456789abcdef")
+    capsys.readouterr()
+    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"),
+                 *write_records(tmp_path / "m", run_record(revisions=bumped, step_ms=440.0), run_record("moe_act", revisions=bumped))]) == 0
+    out = capsys.readouterr().out
+    assert old.read_bytes() == old_bytes
+    assert len(list((tmp_path / "golden").glob("*.json"))) == 2
+    assert "| [] | step_time_ms | 400.00 | 440.00 | +10.00% |" in out and f"previous golden: `{old}`" in out
+
+
+def test_refresh_refuses_failed_and_partial_sets_unless_told(tmp_path, capsys):
+    assert refresh(tmp_path, run_record(), run_record("moe_act", status="oom")) == 2
+    assert "failed records" in capsys.readouterr().err
+    assert not (tmp_path / "golden").exists()
+    assert refresh(tmp_path, run_record(), run_record("moe_act", status="oom"), flags=["--allow-failed"]) == 0
+    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"), *write_records(tmp_path / "q", run_record())]) == 2
+    assert "rows moe_act of the previous golden were not measured" in capsys.readouterr().err

@@ -1,0 +1,39 @@
+"""Fault injection through the real runner: each fault must come out with the right outcome and stage,
+a record on disk, the failing rank's torchrun error file, and nothing left running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.record.io import load_records
+from harness.run.faults import parse_fault
+from harness.run.torchrun import processes_with_token
+from harness.run.recipes import load_recipe
+from harness.run.runner import run_sweep
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("spec, status, iteration, phase, rank", [
+    ("oom:iteration=2,phase=backward,rank=1", "oom", 2, "backward", 1),
+    ("nan:iteration=2,rank=0", "nan", 2, "forward", 0),
+    ("hang:iteration=1,phase=grad-sync,rank=1", "hang", 1, "grad-sync", 1),
+])
+def test_injected_fault_is_classified_with_its_stage(tmp_path, spec, status, iteration, phase, rank):
+    recipe = load_recipe("cpu-moonlight-ep2")
+    directory, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=6)
+    outcome = result.outcome
+    assert (outcome.status, outcome.iteration, outcome.phase) == (status, iteration, phase), outcome.message
+    assert rank in outcome.ranks
+    (record,) = load_records([directory / "records"])
+    assert record.outcome.status == status and record.outcome.phase == phase
+    assert processes_with_token(result.launch.token) == []
+    if status == "hang":
+        assert result.launch.stopped == "stall"
+    else:  # the failing rank's exception also reached torchrun's error file (@record)
+        error_files = list(result.row_dir.glob(f"torchrun/node0/*/attempt_0/{rank}/error.json"))
+        assert len(error_files) == 1
+        message = json.loads(error_files[0].read_text())["message"]["message"]
+        assert ("out of memory" if status == "oom" else "non-finite loss") in message

@@ -1,0 +1,79 @@
+"""The runner's whole path on CPU: real torchrun, real gloo, real Megatron Core (mcore back end with
+the CPU adapter), real records — 2 ranks with expert parallel 2, and a 2-node c10d rendezvous on
+localhost. Fault-injection runs live in test_faults.py."""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+
+import pytest
+
+from harness.compare.analysis import analyse
+from harness.compare.comparator import compare_records
+from harness.record.golden import golden_from_records
+from harness.record.io import load_records
+from harness.run.torchrun import processes_with_token
+from harness.run.recipes import load_recipe
+from harness.run.runner import run_sweep
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ep2_sweep(tmp_path_factory):
+    recipe = load_recipe("cpu-moonlight-ep2")
+    started = time.monotonic()
+    directory, results = run_sweep(recipe, tmp_path_factory.mktemp("sweep"))
+    return recipe, directory, results, time.monotonic() - started
+
+
+def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
+    recipe, directory, results, elapsed = ep2_sweep
+    print(f"cpu-moonlight-ep2 sweep: {len(results)} rows in {elapsed:.1f} s")
+    assert [r.row for r in results] == ["[]", "mla_up_proj"]
+    for result in results:
+        assert result.outcome.status == "completed", result.outcome.message
+        record = result.record
+        assert record.workload.parallelism.to_json() == {"tp": 1, "pp": 1, "cp": 1, "ep": 2, "dp": 2, "expert_dp": 1, "vpp": None}
+        iterations = record.run_metrics.iterations
+        assert [row.iteration for row in iterations] == list(range(1, recipe.train_iters + 1))
+        assert all(math.isfinite(row.loss) and row.step_time_ms > 0 for row in iterations)
+        # CPU: no allocator peak is invented; the record says why.
+        assert record.run_metrics.ranks == [] and record.headline.peak_scope == "unreported"
+        assert "no caching-allocator peak" in record.workload.extra["device_memory"]
+        for rank in (0, 1):
+            assert (result.row_dir / "events" / f"rank{rank}.jsonl").stat().st_size > 0
+            logs = list(result.row_dir.glob(f"torchrun/node0/*/attempt_0/{rank}/stderr.log"))
+            assert len(logs) == 1 and "Traceback" not in logs[0].read_text()
+        assert processes_with_token(result.launch.token) == []
+    # the [] control and the recompute row saw the same batches: the same first-step loss
+    first = [r.record.run_metrics.iterations[0].loss for r in results]
+    assert first[0] == pytest.approx(first[1], rel=1e-5)
+
+
+def test_records_feed_the_analysis_and_the_comparator(ep2_sweep):
+    _, directory, results, _ = ep2_sweep
+    records = load_records([directory / "records"])
+    assert len(records) == 2
+    analysis = analyse(records)
+    assert analysis.control == "[]" and {row.verdict for row in analysis.rows} == {"control", "pass"}
+    golden = golden_from_records(records, {"source": "test run"})
+    assert compare_records(golden, records, "golden.json").passed
+    regressed = copy.deepcopy(records[1])
+    regressed.run_metrics.nan_iterations = 1
+    assert not compare_records(golden, [regressed], "golden.json").passed
+
+
+def test_two_node_rendezvous_on_localhost(tmp_path):
+    recipe = load_recipe("cpu-moonlight-ep2-2node")
+    _, results = run_sweep(recipe, tmp_path)
+    (result,) = results
+    assert result.outcome.status == "completed", result.outcome.message
+    assert sorted(p.name for p in result.row_dir.glob("launcher*.log")) == ["launcher0.log", "launcher1.log"]
+    for node in (0, 1):  # each node's torchrun kept its one rank's logs
+        assert len(list(result.row_dir.glob(f"torchrun/node{node}/*/attempt_0/0/stdout.log"))) == 1
+    assert result.record.workload.extra["nnodes"] == "2"
+    assert result.record.workload.parallelism.ep == 2
+    assert processes_with_token(result.launch.token) == []

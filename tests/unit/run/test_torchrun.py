@@ -1,0 +1,47 @@
+"""A runner ended with SIGTERM (``timeout``, slurm's time limit) stops the row's launch, leaving nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
+
+
+def _processes_with(marker: str) -> list[int]:
+    needle = f"{MARKER_ENV}={marker}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_sigterm_to_the_runner_stops_the_launched_process_group(tmp_path):
+    marker = uuid.uuid4().hex
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom harness.run.torchrun import run_row, sigterm_as_exit\n"
+        "with sigterm_as_exit():\n"
+        f"    run_row(Path({str(tmp_path)!r}), [['sleep', '300']], world_size=1, timeout_s=300, stall_timeout_s=300)\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker})
+    try:
+        deadline = time.monotonic() + 30
+        while len(_processes_with(marker)) < 2 and time.monotonic() < deadline:  # the runner and its `sleep`
+            time.sleep(0.1)
+        assert len(_processes_with(marker)) == 2
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(timeout=30) == 128 + signal.SIGTERM
+        assert _processes_with(marker) == []
+    finally:
+        for pid in _processes_with(marker):
+            os.kill(pid, signal.SIGKILL)

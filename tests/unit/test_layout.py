@@ -1,0 +1,82 @@
+"""The layout tells the story: harness/'s import graph is a DAG (modules and packages), and no two
+classes share a name."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import harness
+
+ROOT = Path(harness.__file__).parent
+
+
+def _modules() -> dict[str, ast.Module]:
+    modules = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = ast.parse(path.read_text(encoding="utf-8"))
+    return modules
+
+
+def _imports(modules: dict[str, ast.Module]) -> dict[str, set[str]]:
+    """module -> the harness modules it imports (``from pkg import mod`` names the module ``pkg.mod``)."""
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in modules:
+                for alias in node.names:
+                    graph[name].add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                                    else node.module)
+            elif isinstance(node, ast.Import):
+                graph[name].update(alias.name for alias in node.names if alias.name in modules)
+        graph[name].discard(name)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        stack.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def test_module_import_graph_is_acyclic():
+    assert _cycle(_imports(_modules())) is None
+
+
+def test_package_import_graph_is_acyclic():
+    packages: dict[str, set[str]] = defaultdict(set)
+    for module, targets in _imports(_modules()).items():
+        packages[_package(module)] |= {_package(t) for t in targets if _package(t) != _package(module)}
+    assert _cycle(packages) is None
+
+
+def test_no_two_classes_share_a_name():
+    seen: dict[str, str] = {}
+    for module, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert node.name not in seen, f"class {node.name} in {module} and {seen[node.name]}"
+                seen[node.name] = module

@@ -1,0 +1,62 @@
+"""Tiny style models: real GPTModels from MCore specs, shaped like the models they stand for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state
+from harness.models import STYLE_MODELS, build_model, style_model
+from harness.errors import UsageError
+
+
+@pytest.fixture(scope="module")
+def cpu_group():
+    init_cpu_parallel_state()
+
+
+@pytest.mark.parametrize("name", sorted(STYLE_MODELS))
+def test_style_model_trains_one_step(cpu_group, name):
+    model = build_model(name, RecomputeFields.selective())
+    loss = model.loss(model.batch())
+    loss.backward()
+    grads = [p.grad for p in model.module.parameters()]
+    assert torch.isfinite(loss) and all(g is not None and torch.isfinite(g).all() for g in grads)
+
+
+def test_moonlight_shape(cpu_group):
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
+
+    model = build_model("moonlight-tiny", RecomputeFields.selective())
+    layers = model.module.decoder.layers
+    assert all(isinstance(layer.self_attention, MLASelfAttention) for layer in layers)
+    assert model.config.q_lora_rank is None and model.config.moe_grouped_gemm
+    assert not hasattr(layers[0].mlp, "experts")  # first layer dense
+    assert all(layer.mlp.shared_experts is not None for layer in layers[1:])
+    assert model.config.normalization == "RMSNorm"
+
+
+def test_nemotron_shape(cpu_group):
+    model = build_model("nemotron-tiny", RecomputeFields.selective())
+    x = torch.tensor([-1.0, 2.0])
+    assert torch.equal(model.config.activation_func(x), torch.tensor([0.0, 4.0]))  # squared ReLU
+    assert all(layer.mlp.shared_experts is not None for layer in model.module.decoder.layers)
+    assert "Mamba" in style_model("nemotron-tiny").description
+
+
+def test_sizes_are_overridable(cpu_group):
+    model = build_model("dense-tiny", RecomputeFields.selective(), seq_length=8, micro_batch_size=3)
+    assert model.batch()["input_ids"].shape == (3, 8)
+    assert torch.isfinite(model.loss(model.batch()))
+
+
+@pytest.mark.parametrize("sizes", [{"seq_length": 0}, {"micro_batch_size": -2}, {"seq_length": 2.5}])
+def test_nonsense_sizes_are_usage_errors(sizes):
+    with pytest.raises(UsageError):
+        build_model("dense-tiny", RecomputeFields.selective(), **sizes)
+
+
+def test_unknown_model_is_a_usage_error():
+    with pytest.raises(UsageError, match="unknown model 'llama-huge'"):
+        style_model("llama-huge")

@@ -1,0 +1,33 @@
+"""The one-call golden check for tests (harness.testing) and the fixture that wraps it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from harness.record.seed import RECORDS_DIR
+from harness.testing import check_against_golden
+from record_samples import REVISIONS, refresh, run_record
+
+
+def test_check_against_golden_records_junit_properties_and_raises_with_the_table(tmp_path):
+    assert refresh(tmp_path, run_record()) == 0
+    properties: list[tuple[str, object]] = []
+    check_against_golden([run_record()], tmp_path / "golden", lambda k, v: properties.append((k, v)))
+    recorded = dict(properties)
+    assert str(recorded["golden.[].peak_allocated_bytes"]).startswith("pass: golden=30.000 GB actual=30.000 GB")
+    assert str(recorded["golden.[].step_time_ms"]).startswith("pass: golden=400.00 actual=400.00")
+    with pytest.raises(AssertionError, match=r"FAIL: regressed"):
+        check_against_golden([run_record(step_ms=500.0)], tmp_path / "golden")
+    bumped = copy.deepcopy(REVISIONS)
+    bumped["torch"] = "2.15.0"
+    with pytest.raises(AssertionError, match="no golden .* for these revision pins"):
+        check_against_golden([run_record(revisions=bumped)], tmp_path / "golden")
+
+
+def test_golden_check_fixture_passes_on_the_seed_records(golden_check):
+    from harness.record.io import load_records
+
+    comparison = golden_check(load_records([RECORDS_DIR / "seed-moonlight-full-8gpu.json"]))
+    assert comparison.passed and len(comparison.checks) == 6 * 8  # 6 rows × (outcome + 7 metrics)
