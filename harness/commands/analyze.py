@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from harness.compare.analysis import analyse
@@ -15,7 +16,7 @@ from harness.report.markdown import analysis_markdown, emit
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("records", nargs="+", type=Path, help="run record files or directories of them")
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of markdown")
-    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write peak allocated vs step time as a PNG")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write memory saved vs step-time cost against [] as a PNG")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,7 +26,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         emit(analysis_markdown(analysis))
     if args.plot:
-        from harness.report.plot import plot_analysis
+        from harness.report.plot import nothing_to_plot, plot_analysis
 
-        plot_analysis(analysis, args.plot)
+        reason = nothing_to_plot(analysis)
+        if reason is not None:
+            print(f"recompute-harness: not plotted: {reason}", file=sys.stderr)
+        else:
+            plot_analysis(analysis, args.plot)
     return EXIT_OK

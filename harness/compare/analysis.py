@@ -12,13 +12,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from harness.errors import UsageError
+from harness.record.effects import completed, effects, is_control
+from harness.record.metrics import MATERIAL_SAVING_PCT
 from harness.record.model import Outcome, Record
 from harness.record.schema import PHASES
 
 GB = 1e9
-# An allocated-peak change smaller than this (relative to the control) is not a saving: it is within
-# what allocator rounding and run-to-run noise move (the Moonlight core_attn row moved 0.01%).
-MATERIAL_SAVING_PCT = 0.5
 
 
 @dataclass
@@ -49,10 +48,13 @@ class Analysis:
     control: str | None
     rows: list[Row] = field(default_factory=list)
     conclusions: list[str] = field(default_factory=list)
+    hardware: str = ""  # e.g. "8x H100_80GB"
+    revisions: str = ""  # e.g. "mcore 24bad8e677d2, bridge 600d069b824d"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "model": self.model, "control": self.control,
-                "rows": [asdict(row) for row in self.rows], "conclusions": self.conclusions}
+        return {"recipe": self.recipe, "model": self.model, "control": self.control, "hardware": self.hardware,
+                "revisions": self.revisions, "rows": [asdict(row) for row in self.rows],
+                "conclusions": self.conclusions}
 
 
 def _configuration(record: Record) -> dict[str, Any]:
@@ -84,23 +86,6 @@ def require_matched(records: Sequence[Record]) -> None:
             "records are not a matched set (they must differ in the recompute fields alone); "
             f"they differ in {'; '.join(differing)}"
         )
-
-
-def is_control(record: Record) -> bool:
-    """The skill's matched no-recompute control: selective granularity with an empty module list."""
-    return record.recompute.is_control
-
-
-def completed(record: Record) -> bool:
-    """A pass: completed through several steady steps, with a measured step time and no NaN iterations."""
-    metrics = record.run_metrics
-    window = metrics.steady_window
-    return (
-        record.outcome.status == "completed"
-        and metrics.headline["step_time_ms"] is not None
-        and window is not None and window.last > window.first
-        and not metrics.nan_iterations
-    )
 
 
 def _progress(record: Record) -> tuple[int, int] | None:
@@ -135,17 +120,19 @@ def _row(record: Record, control: Record | None) -> Row:
     if control is not None and record is not control:
         base = control.headline
         # Peaks are comparable only at the same checkpoint, over the same ranks.
-        if (headline["peak_after_iteration"], headline.peak_scope) == (base["peak_after_iteration"], base.peak_scope):
-            allocated_pct = _pct(peak, base["peak_allocated_bytes"])
-            reserved_pct = _pct(reserved, base["peak_reserved_bytes"])
+        same_checkpoint = (headline["peak_after_iteration"], headline.peak_scope) == (base["peak_after_iteration"], base.peak_scope)
+        effect = effects(record, control, peaks=same_checkpoint)
+        if same_checkpoint:
+            saving = effect.get("saving_allocated_pct")
+            allocated_pct = None if saving is None else -saving
+            reserved_pct = effect.get("reserved_change_pct")
         elif peak is not None and base["peak_allocated_bytes"] is not None:
             def when(h: Any) -> str:
                 it = h["peak_after_iteration"]
                 return f"after iteration {it}" if it is not None else "at an unstated checkpoint"
 
             note = f"peak read {when(headline)}, the control's {when(base)}: not comparable"
-        if completed(record) and completed(control):
-            time_pct = _pct(headline["step_time_ms"], base["step_time_ms"])
+        time_pct = effect.get("step_time_cost_pct")
     return Row(
         label=record.label,
         record=record.id,
@@ -231,9 +218,20 @@ def analyse(records: Sequence[Record]) -> Analysis:
         control_row.note = f"control did not complete ({control_row.stage}): no steady-state timing to compare"
     _rank_passing(rows, by_id, completed(control))
     rows.sort(key=lambda r: (r.verdict != "control", r.rank is None, r.rank or 0, r.label))
-    analysis = Analysis(recipe=first.workload.recipe, model=first.workload.model, control=control_row.label, rows=rows)
+    analysis = Analysis(recipe=first.workload.recipe, model=first.workload.model, control=control_row.label, rows=rows,
+                        hardware=f"{first.hardware.gpu_count}x {first.hardware.device}", revisions=_revisions(first))
     analysis.conclusions = _conclusions(rows)
     return analysis
+
+
+def _revisions(record: Record) -> str:
+    mcore, bridge = record.revisions.megatron_core, record.revisions.megatron_bridge
+    parts = [f"mcore {(mcore.commit or '')[:12] or mcore.version or '?'}"]
+    if bridge is not None:
+        parts.append(f"bridge {(bridge.commit or '')[:12] or bridge.version or '?'}")
+    if record.revisions.torch:
+        parts.append(f"torch {record.revisions.torch}")
+    return ", ".join(parts)
 
 
 def _conclusions(rows: list[Row]) -> list[str]:

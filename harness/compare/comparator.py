@@ -1,5 +1,9 @@
 """Compare run records with a golden: refuse on differing pins or hardware, else judge every metric.
 
+A recompute regression is a label that stopped saving, saves less, costs more, became inactive or now
+fails: with a golden that holds effects (rows against the matched ``[]`` control), those are judged
+first and named so; absolute values are judged on the control.
+
 Tolerances are two-sided: a value far better than the golden fails too, because the golden no longer
 describes the code and must be refreshed. A value the golden does not hold (null) is not judged; a
 value the golden holds but the record lacks fails. NaN never gets here: records and goldens refuse it.
@@ -7,13 +11,15 @@ value the golden holds but the record lacks fails. NaN never gets here: records 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from harness.errors import UsageError
+from harness.record.effects import matched_control
 from harness.record.golden import Golden, golden_values
-from harness.record.metrics import higher_is_better
+from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
+from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
 
 
@@ -28,6 +34,7 @@ class MetricCheck:
     delta_pct: float | None
     tolerance: str
     verdict: str  # "pass", or "FAIL: <why>"
+    difference: float | None = None  # actual - golden, in the metric's unit (pp for percentages)
 
     @property
     def passed(self) -> bool:
@@ -82,26 +89,59 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
     return differences
 
 
-def _judge(metric: str, golden: Any, actual: Any, rule: dict[str, Any]) -> tuple[float | None, str, str]:
-    """(Δ%, tolerance text, verdict) for one metric."""
-    tolerance = "exact" if rule["mode"] == "exact" else f"±{rule['rel'] * 100:g}%"
+def tolerance_text(rule: dict[str, Any], unit: str | None) -> str:
+    if rule["mode"] == "exact":
+        return "exact"
+    if rule["mode"] == "absolute":
+        return f"±{rule['abs']:g} {'pp' if unit == '%' else unit or ''}".rstrip()
+    floor = rule.get("floor")
+    shown = "" if not floor else f" (≥ {floor / 1e9:g} GB)" if unit == "bytes" else f" (≥ {floor:g})"
+    return f"±{rule['rel'] * 100:g}%{shown}"
+
+
+def within(golden: float, actual: float, rule: dict[str, Any]) -> bool:
+    """The tolerance rule (``harness.record.metrics.Tolerance``), two-sided."""
+    if rule["mode"] == "exact":
+        return actual == golden
+    if rule["mode"] == "absolute":
+        return abs(actual - golden) <= rule["abs"]
+    return abs(actual - golden) <= max(rule["rel"] * abs(golden), rule.get("floor") or 0)
+
+
+def _direction(metric: str, golden: float, actual: float, effect: bool) -> str:
+    """What a value outside its tolerance means, in the words a recompute regression is named by."""
+    better = actual > golden if higher_is_better(metric) else actual < golden
+    if not effect:
+        return "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
+    if metric.startswith("saving_"):
+        return "FAIL: saving grew beyond tolerance, refresh the golden" if better else "FAIL: saving shrank beyond tolerance"
+    if metric == "step_time_cost_pct":
+        return "FAIL: cost shrank beyond tolerance, refresh the golden" if better else "FAIL: cost grew beyond tolerance"
+    return "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
+
+
+def _judge(metric: str, golden: Any, actual: Any, rule: dict[str, Any]) -> MetricCheck:
+    """One metric's check (the row label is filled in by the caller)."""
+    found = metric_named(metric)
+    unit = None if found is None else found.unit
+    tolerance = tolerance_text(rule, unit)
     if golden is None:
         # Not in the golden: failed rows have no steady timing, and a transcribed source states only
         # some values. A changed outcome is judged by the row's outcome check instead.
-        return None, tolerance, "pass"
+        return MetricCheck("", metric, golden, actual, None, tolerance, "pass")
     if actual is None:
-        return None, tolerance, "FAIL: not measured"
+        return MetricCheck("", metric, golden, actual, None, tolerance, "FAIL: not measured")
     delta_pct = None if golden == 0 else (actual - golden) / abs(golden) * 100.0
+    difference = actual - golden
+    if within(golden, actual, rule):
+        return MetricCheck("", metric, golden, actual, delta_pct, tolerance, "pass", difference)
     if rule["mode"] == "exact":
-        return delta_pct, tolerance, "pass" if actual == golden else "FAIL: changed"
-    within = actual == golden if golden == 0 else abs(actual - golden) <= rule["rel"] * abs(golden)
-    if within:
-        return delta_pct, tolerance, "pass"
-    better = actual > golden if higher_is_better(metric) else actual < golden
-    return delta_pct, tolerance, "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
+        return MetricCheck("", metric, golden, actual, delta_pct, tolerance, "FAIL: changed", difference)
+    verdict = _direction(metric, golden, actual, found is not None and found.scope == "effect")
+    return MetricCheck("", metric, golden, actual, delta_pct, tolerance, verdict, difference)
 
 
-def _stage(outcome: dict[str, Any]) -> str:
+def _stage_text(outcome: dict[str, Any]) -> str:
     parts = [outcome["status"]]
     if outcome.get("iteration") is not None:
         parts.append(f"iteration {outcome['iteration']}")
@@ -110,11 +150,44 @@ def _stage(outcome: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def _outcome_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str:
+    """Stages compared at the golden's precision: a golden that records only an OOM's iteration
+    matches a run that also knows the phase; a golden that records the phase needs the same phase."""
+    same = (golden["status"] == actual["status"]
+            and all(golden.get(key) is None or golden.get(key) == actual.get(key) for key in ("iteration", "phase")))
+    if same:
+        return "pass"
+    if golden["status"] == "completed":
+        return "FAIL: now fails where it passed"
+    if actual["status"] == "completed":
+        return "FAIL: now completes where it failed, refresh the golden"
+    if "advanced-but-failed" in (golden["status"], actual["status"]):
+        return "FAIL: advanced-but-failed changed stage"
+    return "FAIL: failure stage changed"
+
+
+def _inactive_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str | None:
+    """A label that saved (or cost) at the golden and now does neither has stopped acting."""
+    def material(values: dict[str, Any]) -> tuple[bool, bool]:
+        saving, cost = values.get("saving_allocated_pct"), values.get("step_time_cost_pct")
+        return (saving is not None and saving >= MATERIAL_SAVING_PCT,
+                cost is not None and abs(cost) >= MATERIAL_COST_PCT)
+
+    golden_saving, golden_cost = material(golden)
+    actual_saving, actual_cost = material(actual)
+    if golden_saving and not actual_saving:
+        return "FAIL: became inactive" if golden_cost and not actual_cost else "FAIL: saving lost"
+    return None
+
+
 def compare_records(golden: Golden, records: Sequence[Record], golden_path: str, *,
                     across_pins: bool = False) -> Comparison:
     """Judge ``records`` against ``golden``. Raises ``UsageError`` (refusal) when pins or hardware differ.
 
-    ``across_pins`` skips that refusal: only for showing what a revision bump changed, never a verdict.
+    With a golden that holds effects, each row is judged first by its effect against the ``[]``
+    control of its own set, and only the control by its absolute values (looser: a machine-wide
+    shift shows as a shift of the control, not as every label regressing). ``across_pins`` skips
+    the identity refusal: only for showing what a revision bump changed, never a verdict.
     """
     for record in records:
         differences = [] if across_pins else identity_differences(golden, record)
@@ -127,22 +200,35 @@ def compare_records(golden: Golden, records: Sequence[Record], golden_path: str,
     by_label = {record.label: record for record in records}
     if len(by_label) != len(records):
         raise UsageError("two records share one recompute row; compare one record per row")
+    control = None
+    if golden.judges_effects:
+        control = matched_control(records)
+        if control is None:
+            raise UsageError(f"{golden_path} judges each row against its [] control, and these records have "
+                             "none: measure the [] control in the same sweep")
     for row in golden.rows:
         record = by_label.pop(row.label, None)
         if record is None:
             comparison.checks.append(MetricCheck(row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"))
             continue
-        golden_stage, actual_stage = _stage(row.outcome), _stage(record.outcome.stage())
+        actual_stage = record.outcome.stage()
         comparison.checks.append(MetricCheck(
-            row.label, "outcome", golden_stage, actual_stage, None, "exact",
-            "pass" if golden_stage == actual_stage else "FAIL: outcome changed",
+            row.label, "outcome", _stage_text(row.outcome), _stage_text(actual_stage), None, "at the golden's precision",
+            _outcome_verdict(row.outcome, actual_stage),
         ))
-        actual_values = golden_values(record)
-        for metric, golden_value in row.values.items():
-            rule = golden.tolerance[metric]
-            actual = actual_values.get(metric)
-            delta, tolerance, verdict = _judge(metric, golden_value, actual, rule)
-            comparison.checks.append(MetricCheck(row.label, metric, golden_value, actual, delta, tolerance, verdict))
+        actual_values = golden_values(record, golden.peak_scope, control)
+        effect_row = golden.judges_effects and not row.recompute.is_control
+        judged = [name for name in EFFECT_METRICS if name in row.values] if effect_row else []
+        # Counts stay judged on every row; absolute values on the control (or every row of a golden
+        # without effects).
+        judged += [name for name in row.values if name not in EFFECT_METRICS
+                   and (not effect_row or metric_named(name).scope == "count")]
+        inactive = _inactive_verdict(row.values, actual_values) if effect_row else None
+        for metric in judged:
+            check = _judge(metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric])
+            if inactive and metric == "saving_allocated_pct" and not check.passed:
+                check = replace(check, verdict=inactive)
+            comparison.checks.append(replace(check, label=row.label))
     for label in by_label:
         comparison.checks.append(MetricCheck(label, "row", "absent", "present", None, "exact", "FAIL: row not in golden, refresh it"))
     return comparison

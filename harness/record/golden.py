@@ -20,13 +20,17 @@ from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.files import write_json_atomic
 from harness.record.io import read_json
-from harness.record.metrics import RUN_GOLDEN_METRICS, default_tolerance_policy
+from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
+from harness.record.metrics import (
+    EFFECT_METRICS, OPTIONAL_TOLERANCE_KEYS, RUN_GOLDEN_METRICS, TOLERANCE_KEYS, default_tolerance_policy,
+)
 from harness.record.model import PIN_KEYS, Record
 from harness.record.schema import STATUSES
 
 GOLDEN_SCHEMA = "recompute-harness/golden"
 GOLDEN_SCHEMA_VERSION = 1
-TOLERANCE_MODES = ("relative", "exact")
+# A golden written before peak scopes were part of its identity holds what runs report: the hottest rank.
+DEFAULT_PEAK_SCOPE = "all-ranks"
 
 
 @dataclass
@@ -54,6 +58,9 @@ class Golden:
     provenance: dict[str, Any]
     tolerance: dict[str, dict[str, Any]]
     rows: list[GoldenRow] = field(default_factory=list)
+    # Whose peaks the values are (``harness.record.effects.SCOPES``); None: written before scopes
+    # were stated, i.e. the hottest rank's.
+    peak_scope: str | None = None
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> "Golden":
@@ -61,26 +68,42 @@ class Golden:
         rows = [GoldenRow(row["label"], RecomputeFields.from_dict(row["recompute"]), dict(row["outcome"]),
                           dict(row["values"]), row.get("record")) for row in data["rows"]]
         return cls(data["kind"], data["recipe"], dict(data["hardware"]), data["pins"], dict(data["provenance"]),
-                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows)
+                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows, data.get("peak_scope"))
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data = {
             "schema": GOLDEN_SCHEMA, "schema_version": GOLDEN_SCHEMA_VERSION, "kind": self.kind,
             "recipe": self.recipe, "hardware": dict(self.hardware), "pins": self.pins,
-            "provenance": dict(self.provenance), "tolerance": self.tolerance,
-            "rows": [row.to_json() for row in self.rows],
         }
+        if self.peak_scope is not None:
+            data["peak_scope"] = self.peak_scope
+        data.update({"provenance": dict(self.provenance), "tolerance": self.tolerance,
+                     "rows": [row.to_json() for row in self.rows]})
+        return data
+
+    @property
+    def scope(self) -> str:
+        return self.peak_scope or DEFAULT_PEAK_SCOPE
+
+    @property
+    def judges_effects(self) -> bool:
+        """Rows are judged by their effect against the control (the control by its absolute values)."""
+        return any(name in row.values for row in self.rows for name in EFFECT_METRICS)
 
     @property
     def date(self) -> str:
         return str(self.provenance.get("date") or "")
 
 
-def golden_values(record: Record) -> dict[str, int | float | None]:
-    """The golden-comparable values of one record (registry: ``Metric.golden``)."""
+def golden_values(record: Record, scope: str | None = None, control: Record | None = None) -> dict[str, int | float | None]:
+    """The golden-comparable values of one record (registry: ``Metric.golden``): its peaks in
+    ``scope``, and, with the set's ``control``, its effects against it."""
     if record.kind == "cpu-probe":
         return dict(record.metrics.values)
-    return record.run_metrics.golden_values(RUN_GOLDEN_METRICS)
+    values = record.run_metrics.golden_values(RUN_GOLDEN_METRICS)
+    if scope is not None:
+        values.update(scoped_peaks(record, scope))
+    return {**(effects(record, control, scope) if control is not None else {}), **values}
 
 
 def pin_slug(pins: dict[str, Any]) -> str:
@@ -127,9 +150,14 @@ def golden_from_records(
                 f"record {record.id}: kind, recipe, hardware or pins differ from record {first.id}; "
                 "a golden covers one recipe × hardware × revision pin"
             )
-    rows = [GoldenRow(record.label, record.recompute, record.outcome.stage(), golden_values(record), record.id)
-            for record in records]
-    policy = default_tolerance_policy(first.kind)
+    scope = None
+    control = None
+    if first.kind != "cpu-probe":
+        control = matched_control(records)
+        scope = first.headline.peak_scope if first.headline.peak_scope in SCOPES else DEFAULT_PEAK_SCOPE
+    rows = [GoldenRow(record.label, record.recompute, record.outcome.stage(),
+                      golden_values(record, scope, control), record.id) for record in records]
+    policy = default_tolerance_policy(first.kind, effects=control is not None)
     if "*" in policy:  # one rule for every metric (CPU probes: exact)
         policy = {name: policy["*"] for name in sorted({n for row in rows for n in row.values})}
     # A previous golden's rules (tuned by hand for this recipe) win over the defaults.
@@ -137,7 +165,7 @@ def golden_from_records(
     golden = Golden(
         kind=first.kind, recipe=first.workload.recipe, hardware=first.hardware.profile(), pins=first.pins(),
         provenance={**provenance, "versions": first.revisions.to_json(), "records": [r.id for r in records]},
-        tolerance=policy, rows=rows,
+        tolerance=policy, rows=rows, peak_scope=scope,
     )
     validate_golden(golden.to_json(), "new golden")
     return golden
@@ -176,12 +204,15 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     if not isinstance(tolerance, dict):
         fail("tolerance: expected an object")
     for metric, rule in tolerance.items():
-        if not isinstance(rule, dict) or rule.get("mode") not in TOLERANCE_MODES:
-            fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_MODES)}")
-        if rule["mode"] == "relative":
-            rel = rule.get("rel")
-            if isinstance(rel, bool) or not isinstance(rel, (int, float)) or not math.isfinite(rel) or rel < 0:
-                fail(f"tolerance.{metric}.rel: expected a finite number >= 0")
+        if not isinstance(rule, dict) or not isinstance(rule.get("mode"), str) or rule["mode"] not in TOLERANCE_KEYS:
+            fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_KEYS)}")
+        needed, optional = TOLERANCE_KEYS[rule["mode"]], OPTIONAL_TOLERANCE_KEYS.get(rule["mode"], ())
+        for key in needed + tuple(key for key in optional if key in rule):
+            value = rule.get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                fail(f"tolerance.{metric}.{key}: expected a finite number >= 0, got {value!r}")
+    if golden.get("peak_scope", DEFAULT_PEAK_SCOPE) not in SCOPES:
+        fail(f"peak_scope: {golden.get('peak_scope')!r} is not one of {', '.join(SCOPES)}")
     rows = golden["rows"]
     if not isinstance(rows, list) or not rows:
         fail("rows: expected a non-empty array")
@@ -203,7 +234,15 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
                 fail(f"rows[{i}].values.{metric}: expected a finite number or null, got {value!r}")
             if metric not in tolerance:
                 fail(f"rows[{i}].values.{metric}: no tolerance rule for this metric")
+    with_effects = [row["label"] for row in rows if any(name in row["values"] for name in EFFECT_METRICS)]
+    if with_effects and not any(_is_control_row(row) for row in rows):
+        fail(f"rows {', '.join(with_effects)} hold effects against [] but the golden has no [] control row")
     return golden
+
+
+def _is_control_row(row: dict[str, Any]) -> bool:
+    recompute = row.get("recompute")
+    return isinstance(recompute, dict) and RecomputeFields.from_dict(recompute).is_control
 
 
 def load_golden(path: Path) -> Golden:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe"]
+Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe", "effect"]
 Better = Literal["lower", "higher", "exact"]
 # Record kinds whose goldens judge run metrics; CPU probes are judged exactly on every metric.
 RUN_KINDS = ("run", "reference")
@@ -25,20 +25,45 @@ RUN_KINDS = ("run", "reference")
 
 @dataclass(frozen=True)
 class Tolerance:
-    """``relative``: |actual - golden| <= rel * |golden|, two-sided; ``exact``: deterministic values."""
+    """How far an actual value may be from the golden's, two-sided (a large improvement fails too).
 
-    mode: Literal["relative", "exact"]
+    ``relative``: |actual - golden| <= max(rel * |golden|, floor) (``floor`` in the metric's unit, 0
+    when absent); ``absolute``: |actual - golden| <= abs (e.g. percentage points); ``exact``: equal.
+    """
+
+    mode: Literal["relative", "absolute", "exact"]
     rel: float | None = None
+    floor: float | None = None
+    abs: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode} if self.mode == "exact" else {"mode": self.mode, "rel": self.rel}
+        if self.mode == "exact":
+            return {"mode": "exact"}
+        if self.mode == "absolute":
+            return {"mode": "absolute", "abs": self.abs}
+        return {"mode": "relative", "rel": self.rel} | ({} if self.floor is None else {"floor": self.floor})
 
 
 EXACT = Tolerance("exact")
 
 
-def relative(rel: float) -> Tolerance:
-    return Tolerance("relative", rel)
+def relative(rel: float, floor: float | None = None) -> Tolerance:
+    return Tolerance("relative", rel, floor)
+
+
+def absolute(allowed: float) -> Tolerance:
+    return Tolerance("absolute", abs=allowed)
+
+
+# Tolerance modes and the numeric keys each needs (a golden's rules are checked against this).
+TOLERANCE_KEYS: dict[str, tuple[str, ...]] = {"exact": (), "relative": ("rel",), "absolute": ("abs",)}
+OPTIONAL_TOLERANCE_KEYS: dict[str, tuple[str, ...]] = {"relative": ("floor",)}
+
+# An allocated-peak change smaller than this (percent of the control) is not a saving: it is within
+# what allocator rounding and run-to-run noise move (the Moonlight core_attn row moved 0.01%).
+MATERIAL_SAVING_PCT = 0.5
+# A step-time change smaller than this (percent of the control) is no cost (paired steady windows).
+MATERIAL_COST_PCT = 0.5
 
 
 # Per rank: {iteration: (allocated_bytes, reserved_bytes | None)} read after that iteration's optimizer step.
@@ -58,6 +83,10 @@ class Metric:
     required: bool = True  # the schema demands the key (optional ones are newer than schema v1's first files)
     golden: bool = True  # a golden row holds it
     tolerance: Tolerance = EXACT  # default for new run/reference goldens
+    # Default for the [] control's absolute value in a golden that judges effects, where looser than
+    # ``tolerance``: times drift with the machine (allocated bytes do not); a shift there is reported as
+    # a shift of the control, not blamed on a label.
+    control_tolerance: Tolerance | None = None
     from_ranks: FromRanks | None = field(default=None, compare=False)
 
 
@@ -86,6 +115,7 @@ METRICS: tuple[Metric, ...] = (
            from_ranks=lambda readings, at, last: _hottest_allocated(readings, at)),
     Metric("peak_reserved_bytes", "bytes", "lower", "headline",
            "max over ranks of max_memory_reserved() after the headline iteration", tolerance=relative(0.05),
+          
            from_ranks=lambda readings, at, last: _max_reserved(readings, at)),
     Metric("peak_after_iteration", "iterations", "exact", "headline",
            "the iteration the headline peaks were read after (2, or the last every rank reported)"),
@@ -102,9 +132,9 @@ METRICS: tuple[Metric, ...] = (
            required=False, golden=False,
            from_ranks=lambda readings, at, last: _allocated_spread(readings, at)),
     Metric("step_time_ms", "ms", "lower", "headline", "mean step time over the steady window",
-           tolerance=relative(0.05)),
+           tolerance=relative(0.05), control_tolerance=relative(0.10)),
     Metric("tflops_per_gpu", "TFLOP/s", "higher", "headline", "mean TFLOP/s per GPU over the steady window",
-           tolerance=relative(0.05)),
+           tolerance=relative(0.05), control_tolerance=relative(0.10)),
     # --- counts over the whole run ---------------------------------------------------------------------
     Metric("skipped_iterations", "iterations", "exact", "count", "iterations the optimizer skipped"),
     Metric("nan_iterations", "iterations", "exact", "count", "iterations with a NaN/inf loss"),
@@ -117,6 +147,20 @@ METRICS: tuple[Metric, ...] = (
            nullable=False, golden=False),
     Metric("reserved_bytes", "bytes", "lower", "per-rank", "max_memory_reserved() after the iteration",
            golden=False),
+    # --- effects: a row against the matched [] control of the same set (record/effects.py) ------------
+    # Judged first: paired within one sweep, they cancel most machine drift, and they are what a
+    # recompute regression is (a label that saves less or costs more).
+    Metric("saving_allocated_bytes", "bytes", "higher", "effect",
+           "control's allocated peak minus the row's, at the same checkpoint and scope",
+           tolerance=relative(0.20, floor=50_000_000)),
+    Metric("saving_allocated_pct", "%", "higher", "effect", "the saving, percent of the control's peak",
+           tolerance=absolute(0.5)),
+    Metric("reserved_change_pct", "%", "lower", "effect", "reserved peak vs the control's, percent",
+           tolerance=absolute(2.0)),
+    Metric("step_time_cost_pct", "%", "lower", "effect", "steady step time vs the control's, percent",
+           tolerance=absolute(1.0)),
+    Metric("tflops_change_pct", "%", "higher", "effect", "TFLOP/s per GPU vs the control's, percent",
+           tolerance=absolute(1.0)),
     # --- CPU probe rows: deterministic counts, compared exactly ------------------------------------------
     Metric("retained_bytes", "bytes", "lower", "probe", "bytes autograd saved for backward", nullable=False),
     Metric("backward_flops", "FLOPs", "lower", "probe", "FLOPs of backward, replays included", nullable=False),
@@ -139,10 +183,11 @@ def metric(name: str, scope: Scope | None = None) -> Metric | None:
     return next((m for m in METRICS if m.name == name and (scope is None or m.scope == scope)), None)
 
 
-# A golden row of a run or reference record holds these, in this order.
+# A golden row of a run or reference record holds these, in this order (effects: rows with a control).
 RUN_GOLDEN_METRICS: tuple[str, ...] = tuple(
     m.name for m in METRICS if m.golden and m.scope in ("headline", "count")
 )
+EFFECT_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.scope == "effect")
 
 
 def higher_is_better(name: str) -> bool:
@@ -155,8 +200,16 @@ def unit_of(name: str) -> str | None:
     return None if found is None else found.unit
 
 
-def default_tolerance_policy(kind: str) -> dict[str, dict[str, Any]]:
-    """The per-metric rules a new golden of ``kind`` starts from (CPU probes: ``*`` = exact)."""
+def default_tolerance_policy(kind: str, effects: bool = False) -> dict[str, dict[str, Any]]:
+    """The per-metric rules a new golden of ``kind`` starts from (CPU probes: ``*`` = exact).
+
+    With ``effects`` (the set has a matched control) the effect rules come first, and the absolute
+    rules, which then judge the control row only, are the looser control tolerances."""
     if kind not in RUN_KINDS:
         return {"*": EXACT.as_dict()}
-    return {name: metric(name).tolerance.as_dict() for name in RUN_GOLDEN_METRICS}
+    policy = {name: metric(name).tolerance.as_dict() for name in EFFECT_METRICS} if effects else {}
+    for name in RUN_GOLDEN_METRICS:
+        found = metric(name)
+        rule = found.control_tolerance if effects and found.control_tolerance is not None else found.tolerance
+        policy[name] = rule.as_dict()
+    return policy

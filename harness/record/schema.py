@@ -23,7 +23,8 @@ BACKENDS = ("bridge", "mcore", "cpu-probe")
 STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed")
 # Listed in the order a training step reaches them: the order ranks how far a failed run got.
 PHASES = ("model-build", "forward", "backward", "grad-sync", "optimizer-init", "optimizer-step")
-PEAK_SCOPES = ("all-ranks", "rank0", "unreported")
+# Whose peak the headline is: the hottest rank, rank 0, the hottest data-parallel rank-0 rank, or none.
+PEAK_SCOPES = ("all-ranks", "rank0", "dp-rank0", "unreported")
 PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
 RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
 # The skill's measurement contract: the headline peak is the post-optimizer peak after iteration 2.

@@ -43,6 +43,9 @@ GB = 1e9  # the card's GB are decimal
 _PARALLEL_RE = re.compile(r"(TP|PP|CP|EP|DP|VPP)(\d+)")
 _WINDOW_RE = re.compile(r"iterations (\d+)-(\d+)")
 _AFTER_RE = re.compile(r"after iteration (\d+)")
+# Whose peak each study's numbers are. Nemotron's card says "rank-0 reported peak"; Moonlight's peaks are
+# Bridge's memory report, which Megatron prints on data-parallel rank 0 (the hottest of those ranks).
+STUDY_PEAK_SCOPES = {"Moonlight 16B": "dp-rank0", "Nemotron 3 Nano": "rank0"}
 _WORKLOAD_EXTRA = ("task", "architecture", "execution", "measurement", "golden_tflops")
 
 
@@ -97,7 +100,7 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetr
                 "tflops_per_gpu": row.get("tflops_per_gpu", row.get("tflops")),
             },
             peak_rank=0 if "rank-0" in measurement and peak_gb is not None else None,
-            peak_scope="rank0" if "rank-0" in measurement else "unreported",
+            peak_scope=STUDY_PEAK_SCOPES.get(study["model"], "unreported"),
         ),
         skipped_iterations=clean,
         nan_iterations=clean,

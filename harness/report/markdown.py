@@ -29,6 +29,8 @@ def format_value(metric: str, value: Any) -> str:
         return "–"
     if unit_of(metric) == "bytes" and isinstance(value, (int, float)):
         return f"{value / GB:.3f} GB"
+    if unit_of(metric) == "%" and isinstance(value, (int, float)):
+        return f"{value:+.2f}%"
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
@@ -44,15 +46,25 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def _difference(metric: str, check_delta_pct: float | None, difference: float | None) -> str:
+    """Percentages differ in percentage points, savings in bytes, everything else in % of the golden."""
+    unit = unit_of(metric)
+    if difference is not None and unit == "%":
+        return f"{difference:+.2f} pp"
+    if difference is not None and unit == "bytes" and metric.startswith("saving_"):
+        return f"{difference / 1e6:+.0f} MB"
+    return _pct(check_delta_pct)
+
+
 def comparison_markdown(comparison: Comparison) -> str:
     verdict = "PASS" if comparison.passed else f"FAIL ({len(comparison.failures)} check(s))"
     rows = [
         (c.label, c.metric, format_value(c.metric, c.golden), format_value(c.metric, c.actual),
-         _pct(c.delta_pct), c.tolerance, c.verdict)
+         _difference(c.metric, c.delta_pct, c.difference), c.tolerance, c.verdict)
         for c in comparison.checks
     ]
     return (f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
-            + table(("row", "metric", "golden", "actual", "Δ%", "tolerance", "verdict"), rows))
+            + table(("row", "metric", "golden", "actual", "Δ", "tolerance", "verdict"), rows))
 
 
 def analysis_markdown(analysis: Analysis) -> str:

@@ -30,4 +30,5 @@ def test_golden_check_fixture_passes_on_the_seed_records(golden_check):
     from harness.record.io import load_records
 
     comparison = golden_check(load_records([RECORDS_DIR / "seed-moonlight-full-8gpu.json"]))
-    assert comparison.passed and len(comparison.checks) == 6 * 8  # 6 rows × (outcome + 7 metrics)
+    # the control: outcome + 7 absolute metrics; each other row: outcome + 3 effects + 2 counts
+    assert comparison.passed and len(comparison.checks) == 8 + 5 * 6

@@ -9,10 +9,13 @@ import pytest
 from harness.cli import main
 from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import load_golden
+from harness.record.golden import golden_values as golden_values_of
+from harness.record.golden import load_golden, validate_golden
 from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.record.io import load_records
+from harness.record.model import Record
 from harness.record.seed import RECORDS_DIR
-from record_samples import REVISIONS, refresh, run_record, write_records
+from record_samples import REVISIONS, refresh, run_json, run_record, write_records
 
 
 def test_seed_goldens_are_valid_and_match_their_records():
@@ -27,20 +30,25 @@ def test_refresh_then_compare_passes_then_regression_and_improvement_fail(tmp_pa
     (golden,) = (tmp_path / "golden").glob("*.json")
     baseline = [run_record(), run_record("moe_act", peak=29_000_000_000)]
     assert compare_records(load_golden(golden), baseline, str(golden)).passed
+    # moe_act saved 1 GB (3.3 %) at the golden; now it holds 1 GB more than the control.
     worse = compare_records(load_golden(golden), [run_record(), run_record("moe_act", peak=31_000_000_000)], str(golden))
-    assert {(c.metric, c.verdict) for c in worse.failures} == {
-        ("peak_allocated_bytes", "FAIL: regressed"), ("peak_reserved_bytes", "FAIL: regressed"),
-        ("run_peak_allocated_bytes", "FAIL: regressed"), ("run_peak_reserved_bytes", "FAIL: regressed")}
+    assert {(c.label, c.metric, c.verdict) for c in worse.failures} == {
+        ("moe_act", "saving_allocated_bytes", "FAIL: saving shrank beyond tolerance"),
+        ("moe_act", "saving_allocated_pct", "FAIL: saving lost"),
+        ("moe_act", "reserved_change_pct", "FAIL: regressed")}
     # Memory that grows only after iteration 2 (a CUDA-graph pool, a leak) leaves the headline alone
     # and fails the run peak (+3.3 % allocated against ±2 %; reserved +3.2 % is inside its ±5 %).
     grew = compare_records(load_golden(golden), [run_record(growth_after=4), baseline[1]], str(golden))
     assert {(c.label, c.metric, c.verdict) for c in grew.failures} == {("[]", "run_peak_allocated_bytes", "FAIL: regressed")}
+    # A faster control alone: its own time moved, and moe_act now costs 33 % more than it.
     faster = compare_records(load_golden(golden), [run_record(step_ms=300.0), baseline[1]], str(golden))
-    assert {c.verdict for c in faster.failures} == {"FAIL: improved beyond tolerance, refresh the golden"}
+    assert {(c.label, c.metric, c.verdict) for c in faster.failures} == {
+        ("[]", "step_time_ms", "FAIL: improved beyond tolerance, refresh the golden"),
+        ("moe_act", "step_time_cost_pct", "FAIL: cost grew beyond tolerance")}
     capsys.readouterr()
     assert main(["compare", "--golden", str(golden), *write_records(tmp_path / "w", run_record(), run_record("moe_act", peak=31_000_000_000))]) == 1
     table = capsys.readouterr().out
-    assert "| moe_act | peak_allocated_bytes | 29.000 GB | 31.000 GB | +6.90% | ±2% | FAIL: regressed |" in table
+    assert "| moe_act | saving_allocated_bytes | 1.000 GB | -1.000 GB | -2000 MB | ±20% (≥ 0.05 GB) | FAIL: saving shrank beyond tolerance |" in table
 
 
 def test_changed_outcome_and_missing_row_fail(tmp_path):
@@ -48,7 +56,7 @@ def test_changed_outcome_and_missing_row_fail(tmp_path):
     (golden,) = (tmp_path / "golden").glob("*.json")
     comparison = compare_records(load_golden(golden), [run_record(status="oom")], str(golden))
     verdicts = {(c.label, c.metric): c.verdict for c in comparison.failures}
-    assert verdicts[("[]", "outcome")] == "FAIL: outcome changed"
+    assert verdicts[("[]", "outcome")] == "FAIL: now fails where it passed"
     assert verdicts[("moe_act", "row")] == "FAIL: row not measured"
 
 
@@ -64,3 +72,92 @@ def test_compare_refuses_other_pins_and_names_the_refresh_command(tmp_path, caps
     assert "recompute-harness golden refresh" in err and err.count("\n") == 1
     with pytest.raises(UsageError, match="hardware.gpu_count"):
         compare_records(load_golden(golden), [run_record(gpus=4)], str(golden))
+
+
+# --- effects against the matched [] control --------------------------------------------------------
+# The golden: moe_act saves 2 % (600 MB) and costs 2 % step time, like the Moonlight card's moe_act.
+def _effect_golden(tmp_path):
+    assert refresh(tmp_path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)) == 0
+    (golden,) = (tmp_path / "golden").glob("*.json")
+    return load_golden(golden), str(golden)
+
+
+def _failures(golden, path, *records):
+    return {(c.label, c.metric, c.verdict) for c in compare_records(golden, list(records), path).failures}
+
+
+def test_a_lost_saving_fails_although_every_absolute_value_is_inside_its_tolerance(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    assert _failures(golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)) == set()
+    lost = _failures(golden, path, run_record(), run_record("moe_act", step_ms=408.0))  # peak = the control's
+    assert ("moe_act", "saving_allocated_pct", "FAIL: saving lost") in lost
+    assert ("moe_act", "saving_allocated_bytes", "FAIL: saving shrank beyond tolerance") in lost
+
+
+def test_a_tripled_cost_fails(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    tripled = _failures(golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=424.0))
+    assert tripled == {("moe_act", "step_time_cost_pct", "FAIL: cost grew beyond tolerance")}
+
+
+def test_a_label_that_neither_saves_nor_costs_became_inactive(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    inactive = _failures(golden, path, run_record(), run_record("moe_act"))
+    assert ("moe_act", "saving_allocated_pct", "FAIL: became inactive") in inactive
+
+
+def test_a_uniform_shift_passes_the_effects_and_shows_as_a_shift_of_the_control(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    slower = compare_records(golden, [run_record(step_ms=400.0 * 1.08),
+                                      run_record("moe_act", peak=29_400_000_000, step_ms=408.0 * 1.08)], path)
+    assert slower.passed  # +8 % on every row: inside the control's ±10 %, effects unchanged
+    shift = next(c for c in slower.checks if (c.label, c.metric) == ("[]", "step_time_ms"))
+    assert shift.delta_pct == pytest.approx(8.0)
+    much = _failures(golden, path, run_record(step_ms=480.0), run_record("moe_act", peak=29_400_000_000, step_ms=489.6))
+    assert much == {("[]", "step_time_ms", "FAIL: regressed")}  # the machine, not moe_act
+
+
+def test_outcome_stages_compare_at_the_goldens_precision(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    golden.rows[1].outcome.update(status="oom", iteration=3, phase=None)
+    dead = run_record("moe_act", peak=29_400_000_000, status="oom", died_in=3)  # phase "forward"
+    assert not {c for c in _failures(golden, path, run_record(), dead) if c[1] == "outcome"}
+    golden.rows[1].outcome["phase"] = "backward"
+    assert ("moe_act", "outcome", "FAIL: failure stage changed") in _failures(golden, path, run_record(), dead)
+
+
+def test_effects_need_a_control_in_the_golden_and_in_the_records(tmp_path, capsys):
+    golden, path = _effect_golden(tmp_path)
+    with pytest.raises(UsageError, match="has no \\[\\] control row"):
+        validate_golden({**golden.to_json(), "rows": [golden.to_json()["rows"][1]]}, "g")
+    with pytest.raises(UsageError, match="these records have none"):
+        compare_records(golden, [run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path)
+    for bad in (-1.0, "x", float("nan")):
+        data = golden.to_json()
+        data["tolerance"]["step_time_cost_pct"]["abs"] = bad
+        with pytest.raises(UsageError, match="tolerance.step_time_cost_pct.abs"):
+            validate_golden(data, "g")
+    capsys.readouterr()
+    assert main(["compare", "--golden", path, *write_records(tmp_path / "w", run_record("moe_act"))]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_peak_scope_is_part_of_the_identity(tmp_path):
+    golden, path = _effect_golden(tmp_path)
+    golden.peak_scope = "rank0"  # rank 0 is the hottest rank in these records: same numbers
+    assert compare_records(golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path).passed
+    golden.peak_scope = "dp-rank0"  # data-parallel rank 0 is rank 0 alone here (dp = 2)
+    assert compare_records(golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path).passed
+    reference = run_json()
+    reference["metrics"]["ranks"] = []
+    reference["metrics"]["headline"]["peak_scope"] = "all-ranks"
+    with pytest.raises(UsageError, match="cannot give the 'dp-rank0' peak"):
+        golden_values_of(Record.from_json(reference), "dp-rank0")
+
+
+def test_the_cards_own_rows_pass_their_re_transcribed_goldens():
+    for golden in GOLDEN_DIR.glob("*.json"):
+        loaded = load_golden(golden)
+        assert loaded.judges_effects and loaded.peak_scope in ("rank0", "dp-rank0")
+        records = load_records([RECORDS_DIR / f"seed-{loaded.recipe}.json"])
+        assert compare_records(loaded, records, str(golden)).passed

@@ -6,7 +6,7 @@ import pytest
 
 from harness.errors import UsageError
 from harness.record.golden import golden_from_records
-from harness.record.metrics import METRICS, RUN_GOLDEN_METRICS, default_tolerance_policy, metric, metrics_in
+from harness.record.metrics import EFFECT_METRICS, METRICS, RUN_GOLDEN_METRICS, default_tolerance_policy, metric, metrics_in
 from harness.record.schema import validate_record
 from record_samples import run_json, run_record
 
@@ -14,12 +14,13 @@ from record_samples import run_json, run_record
 def test_every_metric_is_declared_once_per_scope():
     keys = [(m.name, m.scope) for m in METRICS]
     assert len(keys) == len(set(keys))
-    assert all(m.tolerance.mode == "exact" or m.tolerance.rel > 0 for m in METRICS)
+    assert all(m.tolerance.mode == "exact" or (m.tolerance.rel or m.tolerance.abs) > 0 for m in METRICS)
 
 
 def test_default_policy_and_golden_rows_come_from_the_registry():
     policy = default_tolerance_policy("run")
     assert list(policy) == list(RUN_GOLDEN_METRICS)
+    assert list(default_tolerance_policy("run", effects=True)) == [*EFFECT_METRICS, *RUN_GOLDEN_METRICS]
     assert policy["step_time_ms"] == {"mode": "relative", "rel": metric("step_time_ms").tolerance.rel}
     golden = golden_from_records([run_record()], {"source": "test"})
     assert set(golden.rows[0].values) <= set(RUN_GOLDEN_METRICS)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from harness.cli import main
 from harness.record.seed import RECORDS_DIR
@@ -38,6 +39,29 @@ def test_plot_is_a_png_and_names_rows_left_out(tmp_path, capsys):
     assert [p.name for p in png.parent.iterdir()] == ["nemotron.png"]
 
 
+def test_the_plot_footnote_names_what_the_table_leaves_unranked():
+    from harness.compare.analysis import analyse
+    from harness.record.io import load_records
+    from harness.report.plot import plot_analysis
+
+    analysis = analyse(load_records([NEMOTRON]))
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        left_out = plot_analysis(analysis, Path(directory) / "p.png")
+    notes = {row.label: row.note or row.stage for row in analysis.rows}
+    assert left_out and all(f"{label} ({notes[label]})" in left_out for label in ("moe", "core_attn"))
+
+
+def test_nothing_to_plot_is_one_line_and_no_file(tmp_path, capsys):
+    png = tmp_path / "only-control.png"
+    control = json.loads(Path(MOONLIGHT).read_text())[:1]
+    (tmp_path / "control.json").write_text(json.dumps(control))
+    assert main(["analyze", str(tmp_path / "control.json"), "--plot", str(png)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not plotted: only the [] control" in err and not png.exists()
+
+
 def test_golden_check_properties_land_in_junit_xml(tmp_path):
     import subprocess
     import sys
@@ -58,4 +82,4 @@ def test_golden_check_properties_land_in_junit_xml(tmp_path):
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
-    assert properties["golden.moe_act.step_time_ms"].startswith("pass: golden=466.26 actual=466.26")
+    assert properties["golden.moe_act.step_time_cost_pct"].startswith("pass: golden=+1.99% actual=+1.99%")

@@ -53,12 +53,17 @@ def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
     assert first[0] == pytest.approx(first[1], rel=1e-5)
 
 
-def test_records_feed_the_analysis_and_the_comparator(ep2_sweep):
+def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
     _, directory, results, _ = ep2_sweep
     records = load_records([directory / "records"])
     assert len(records) == 2
     analysis = analyse(records)
     assert analysis.control == "[]" and {row.verdict for row in analysis.rows} == {"control", "pass"}
+    # A CPU sweep has no device peaks: the plot shows the step-time cost it does have.
+    from harness.report.plot import nothing_to_plot, plot_analysis
+
+    assert nothing_to_plot(analysis) is None and plot_analysis(analysis, tmp_path / "cpu.png") == []
+    assert (tmp_path / "cpu.png").stat().st_size > 5_000
     golden = golden_from_records(records, {"source": "test run"})
     assert compare_records(golden, records, "golden.json").passed
     regressed = copy.deepcopy(records[1])
