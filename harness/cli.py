@@ -22,6 +22,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("validate", "validate recompute fields against the real TransformerConfig"),
     "matrix": ("matrix", "print the compatibility matrix, or --check it against the real validator"),
     "probe": ("probe", "measure what each recompute label does on real Megatron Core layers, on CPU"),
+    "estimate": ("estimate", "per-rank retained bytes of each row of a GPU recipe, measured on CPU MCore layers"),
     "compare": ("compare", "compare run records with a golden"),
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),

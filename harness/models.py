@@ -1,9 +1,10 @@
 """Tiny "style" models built from Megatron Core's own specs: shaped like the real ones, small enough for CPU.
 
 Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test.
-The only component of ours is ``KVChannelsDotProductAttention``: MCore's MLA builds its core attention
-with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not accept; ours
-accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs unmodified.
+Components of ours are core attentions only. ``KVChannelsDotProductAttention``: MCore's MLA builds
+its core attention with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not
+accept; ours accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs
+unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
 
 ``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the runner's
 ``mcore`` back end calls it on CPU (under the adapter) and with ``device="cuda"`` on GPU.
@@ -18,6 +19,7 @@ import torch
 from megatron.core.activations import squared_relu
 
 from harness.config.fields import RecomputeFields
+from harness.cpu.attention import ATTENTION_BACKENDS, fused_core_attention
 from harness.errors import UsageError
 
 
@@ -199,11 +201,33 @@ def _fit_moe_metrics_tracker(num_layers: int) -> None:
         destroy_moe_metrics_tracker()
 
 
+def core_attention_class(backend: str, mla: bool) -> type | None:
+    """The core-attention class a layer spec gets for ``backend``; None keeps MCore's local default."""
+    if backend not in ATTENTION_BACKENDS:
+        raise UsageError(f"unknown attention backend {backend!r}; known: {', '.join(ATTENTION_BACKENDS)}")
+    if backend == "fused":
+        return fused_core_attention()
+    return kv_channels_dot_product_attention() if mla else None
+
+
+def set_core_attention(block_spec: Any, backend: str, mla: bool) -> None:
+    """Put ``backend``'s core attention into every layer spec of ``block_spec``."""
+    attention_class = core_attention_class(backend, mla)
+    if attention_class is not None:
+        for layer_spec in block_spec.layer_specs:
+            layer_spec.submodules.self_attention.submodules.core_attention = attention_class
+
+
 def build_model(name: str, fields: RecomputeFields, *, dropout: bool = False,
                 seq_length: int | None = None, micro_batch_size: int | None = None,
                 add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", seed: int = 1234, **config_overrides: Any) -> TinyModel:
+                device: str | torch.device = "cpu", seed: int = 1234, attention_backend: str = "unfused",
+                **config_overrides: Any) -> TinyModel:
     """Build style model ``name`` with the given recompute fields (model-parallel state must exist).
+
+    ``attention_backend`` (harness.cpu.attention): ``unfused`` is MCore's local core attention,
+    ``fused`` a CPU core attention that keeps what fused/flash attention keeps (attention dropout
+    is then off: the CPU flash kernel has none).
 
     Raises ``UsageError`` for an unknown name or nonsense sizes; the validator's own exception
     (AssertionError / ValueError) for recompute fields it rejects.
@@ -217,15 +241,14 @@ def build_model(name: str, fields: RecomputeFields, *, dropout: bool = False,
     for label, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1 << 20:
             raise UsageError(f"{label} must be an integer in [1, 1048576], got {value!r}")
+    if attention_backend == "fused":
+        config_overrides.setdefault("attention_dropout", 0.0)
     config = transformer_config(style, fields, dropout=dropout, add_bias_linear=add_bias_linear,
                                 dtype=dtype, device=device, **config_overrides)
     _fit_moe_metrics_tracker(config.num_layers)
     block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
                                             normalization=config.normalization)
-    if style.mla:
-        attention_class = kv_channels_dot_product_attention()
-        for layer_spec in block_spec.layer_specs:
-            layer_spec.submodules.self_attention.submodules.core_attention = attention_class
+    set_core_attention(block_spec, attention_backend, style.mla)
     torch.manual_seed(seed)
     module = GPTModel(config, block_spec, vocab_size=style.vocab_size, max_sequence_length=seq_length,
                       position_embedding_type="rope")

@@ -1,4 +1,4 @@
-"""``recompute-harness analyze RECORD... [--json] [--plot PNG]``: the matched table against the [] control."""
+"""``recompute-harness analyze RECORD... [--estimate FILE] [--json] [--plot PNG]``: the matched table against the [] control."""
 
 from __future__ import annotations
 
@@ -16,15 +16,28 @@ from harness.report.markdown import analysis_markdown, emit
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("records", nargs="+", type=Path, help="run record files or directories of them")
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of markdown")
+    parser.add_argument("--estimate", type=Path, metavar="FILE",
+                        help="also show an `estimate --out` file of the same recipe: estimated vs measured saving per row")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also write memory saved vs step-time cost against [] as a PNG")
 
 
 def run(args: argparse.Namespace) -> int:
     analysis = analyse(load_records(args.records))
+    versus = None
+    if args.estimate is not None:
+        from harness.estimate.versus import estimate_vs_measured, load_estimate, versus_json, versus_markdown
+
+        estimate = load_estimate(args.estimate)
+        versus = estimate_vs_measured(analysis, estimate)
     if args.json:
-        print(dumps(analysis_json(analysis)))
+        data = analysis_json(analysis)
+        if versus is not None:
+            data["estimate_vs_measured"] = versus_json(versus)
+        print(dumps(data))
     else:
         emit(analysis_markdown(analysis))
+        if versus is not None:
+            emit("\n" + versus_markdown(versus, estimate))
     if args.plot:
         from harness.report.plot import nothing_to_plot, plot_analysis
 

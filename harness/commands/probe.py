@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the skill's combinations and full recompute")
     parser.add_argument("--seq-length", type=int, help="override the model's sequence length")
     parser.add_argument("--micro-batch-size", type=int, help="override the model's micro-batch size")
+    parser.add_argument("--attention-backend", choices=("unfused", "fused"), default="unfused",
+                        help="core attention: MCore's local (unfused, keeps the score matrix; default) or a CPU "
+                             "core attention that keeps what fused/flash attention keeps (q, k, v, output, "
+                             "softmax statistics)")
     parser.add_argument("--attribution", action="store_true", help="also print retained bytes per module")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S, metavar="S",
@@ -67,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.probe.runner import probe_models
     from harness.probe.table import attribution_table, probe_json, probe_table
 
-    probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout, **sizes)
+    probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout,
+                          attention_backend=args.attention_backend, **sizes)
     if args.json:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:

@@ -182,8 +182,8 @@ def enable_cpu_adapter() -> bool:
     return True
 
 
-def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, seed: int = 1234,
-                            timeout_s: float = 120.0) -> None:
+def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, etp: int | None = None,
+                            seed: int = 1234, timeout_s: float = 120.0) -> None:
     """Start gloo + MCore model-parallel state + the RNG tracker on CPU (idempotent).
 
     Under torchrun (``WORLD_SIZE`` and ``MASTER_ADDR`` set) every rank joins the env:// group;
@@ -202,6 +202,7 @@ def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 
             pipeline_model_parallel_size=pp,
             expert_model_parallel_size=ep,
             context_parallel_size=cp,
+            expert_tensor_parallel_size=etp,
             create_gloo_process_groups=False,
         )
     reseed(seed)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.compare.comparator import Comparison, compare_records
+from harness.cpu.attention import RECORD_NAMES
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
 from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
@@ -25,8 +26,10 @@ REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
 CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 
 
-def recipe_name(model: str) -> str:
-    return f"cpu-probe-{model}"
+def recipe_name(model: str, attention_backend: str = "unfused") -> str:
+    """``cpu-probe-<model>``; fused-attention probes are their own recipe (and golden):
+    ``cpu-probe-<model>-fused``. The unfused name is the historical one, so existing goldens load."""
+    return f"cpu-probe-{model}" + ("" if attention_backend == "unfused" else f"-{attention_backend}")
 
 
 def _not_bitwise(equivalence: Equivalence) -> int:
@@ -45,22 +48,24 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
+    recipe = recipe_name(probe.model, probe.attention_backend)
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
         records.append(new_record(
             "cpu-probe",
-            workload=workload(recipe=recipe_name(probe.model), model=probe.model, backend="cpu-probe",
+            workload=workload(recipe=recipe, model=probe.model, backend="cpu-probe",
                               seq_length=probe.seq_length, micro_batch_size=probe.micro_batch_size,
                               global_batch_size=probe.micro_batch_size, precision="fp32",
-                              attention_backend="local", train_iters=None, parallelism=parallelism(),
+                              attention_backend=RECORD_NAMES[probe.attention_backend], train_iters=None,
+                              parallelism=parallelism(),
                               extra={"probe_status": row.status}),
             hardware=hardware(CPU_HARDWARE["device"], CPU_HARDWARE["gpu_count"]),
             recompute=row.fields,
             metrics=row_metrics(row),
             outcome=outcome("completed", message=f"{row.status}: {row.reason}" if row.reason else row.status),
             revisions=revisions,
-            record_id=f"{recipe_name(probe.model)}/{row.label}",
+            record_id=f"{recipe}/{row.label}",
         ))
     return records
 

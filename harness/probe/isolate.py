@@ -40,7 +40,8 @@ class IsolatedProbe:
     """A started child process measuring one row; ``outcome()`` waits for it (bounded)."""
 
     def __init__(self, model: str, row: ProbeRow, *, timeout_s: float, startup_timeout_s: float = 300.0,
-                 seed: int = 1234, seq_length: int | None = None, micro_batch_size: int | None = None) -> None:
+                 seed: int = 1234, seq_length: int | None = None, micro_batch_size: int | None = None,
+                 attention_backend: str = "unfused") -> None:
         self.model = model
         self.row = row
         self.timeout_s = timeout_s
@@ -48,7 +49,8 @@ class IsolatedProbe:
         # The child also ends itself past its whole budget, so a parent that dies never leaves it hanging.
         lifetime_s = startup_timeout_s + timeout_s + 30
         command = [sys.executable, "-m", "harness.probe.isolated_child", "--model", model, "--seed", str(seed),
-                   "--fields", json.dumps(row.fields.as_dict()), "--lifetime", str(lifetime_s)]
+                   "--fields", json.dumps(row.fields.as_dict()), "--lifetime", str(lifetime_s),
+                   "--attention-backend", attention_backend]
         if row.add_bias_linear:
             command.append("--add-bias-linear")
         for flag, value in (("--seq-length", seq_length), ("--micro-batch-size", micro_batch_size)):

@@ -22,10 +22,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seq-length", type=int)
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--lifetime", type=float, required=True)
+    parser.add_argument("--attention-backend", default="unfused")
     args = parser.parse_args(argv)
     faulthandler.dump_traceback_later(args.lifetime, exit=True)
     sizes = {key: value for key, value in (("seq_length", args.seq_length),
                                            ("micro_batch_size", args.micro_batch_size)) if value is not None}
+    sizes["attention_backend"] = args.attention_backend
 
     from harness.cpu.adapter import init_cpu_parallel_state
     from harness.probe.runner import measure_row_pair

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import weakref
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -131,20 +133,30 @@ def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> M
         loss.backward()
         return Measurement(loss.detach(), _grads(module), 0, {}, 0, 0, 0)
 
-    stack = _ModuleStack(module)
-    saved = _SavedTensors(stack)
-    try:
-        with saved.hooks:
-            loss = model.loss(batch)
-    finally:
-        stack.remove()
-    parameter_storages = {_storage_key(p) for p in module.parameters()}
-    retained_bytes, attribution = saved.retained(parameter_storages)
+    loss, retained_bytes, attribution = retained_by_forward(module, lambda: model.loss(batch))
     seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
     with FlopCounterMode(display=False) as flops, _ReplayCounter() as replay:
         loss.backward(seed_grad)
     return Measurement(loss.detach(), _grads(module), retained_bytes, attribution,
                        int(flops.get_total_flops()), replay.bytes, replay.ops)
+
+
+def retained_by_forward(module: torch.nn.Module, forward: Callable[[], Any],
+                        shared: tuple[torch.Tensor, ...] = ()) -> tuple[Any, int, dict[str, int]]:
+    """Run ``forward()`` (a forward through ``module``) under the saved-tensor hooks: its output, the
+    bytes autograd still holds when it returns (deduplicated storages; parameters and the ``shared``
+    inputs' storages excluded) and their attribution by module. The output is returned so the caller
+    keeps the graph (and so the saved tensors) alive for as long as it needs them."""
+    stack = _ModuleStack(module)
+    saved = _SavedTensors(stack)
+    try:
+        with saved.hooks:
+            output = forward()
+    finally:
+        stack.remove()
+    excluded = {_storage_key(t) for t in (*module.parameters(), *shared)}
+    retained_bytes, attribution = saved.retained(excluded)
+    return output, retained_bytes, attribution
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:

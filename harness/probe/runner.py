@@ -78,6 +78,7 @@ class ModelProbe:
     seq_length: int
     micro_batch_size: int
     rows: list[ProbeRowResult]
+    attention_backend: str = "unfused"  # harness.cpu.attention.ATTENTION_BACKENDS
 
     @property
     def control(self) -> ProbeRowResult:
@@ -189,12 +190,15 @@ def measure_row_pair(model: str, row: ProbeRow, *, seed: int = 1234, **sizes: An
 def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = None, *,
                  hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, hang_probe: bool = True,
                  row_timeout_s: float = DEFAULT_ROW_TIMEOUT_S, seed: int = 1234,
-                 seq_length: int | None = None, micro_batch_size: int | None = None) -> list[ModelProbe]:
+                 seq_length: int | None = None, micro_batch_size: int | None = None,
+                 attention_backend: str = "unfused") -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
     (``hang_probe=False`` leaves them out), every other row in this process under a watchdog."""
     styles = [style_model(name) for name in models]
-    sizes = {key: value for key, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size))
-             if value is not None}
+    sizes: dict[str, Any] = {key: value for key, value in (("seq_length", seq_length),
+                                                           ("micro_batch_size", micro_batch_size))
+                             if value is not None}
+    sizes["attention_backend"] = attention_backend
     rows = plan_rows(label_sets, hang_probe=hang_probe)
     children = [IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
                 for style in styles if style.name in HANG_PROBE_MODELS for row in rows if row.may_hang]
@@ -216,7 +220,7 @@ def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = N
     return list(probes.values())
 
 
-def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, sizes: dict[str, int],
+def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, sizes: dict[str, Any],
                       row_timeout_s: float, cleanup: Callable[[], None]) -> ModelProbe:
     with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
         base = baseline(style.name, seed=seed, **sizes)
@@ -225,7 +229,8 @@ def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, siz
         with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
             results.append(measure_row(style.name, row, base, seed=seed, **sizes))
     return ModelProbe(style.name, style.description, sizes.get("seq_length", style.seq_length),
-                      sizes.get("micro_batch_size", style.micro_batch_size), results)
+                      sizes.get("micro_batch_size", style.micro_batch_size), results,
+                      sizes.get("attention_backend", "unfused"))
 
 
 def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:

@@ -42,7 +42,8 @@ def probe_table(probe: ModelProbe) -> str:
     control = probe.control
     lines = [
         f"## {probe.model} — {probe.description}",
-        f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU; bytes retained by "
+        f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU, {probe.attention_backend} "
+        "core attention; bytes retained by "
         "autograd at the end of forward; FLOPs of backward (matmul-class ops)",
         "",
         "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Equivalence | Status |",
@@ -96,4 +97,5 @@ def attribution_table(probe: ModelProbe) -> str:
 
 def probe_json(probe: ModelProbe) -> dict[str, Any]:
     return {"model": probe.model, "description": probe.description, "seq_length": probe.seq_length,
-            "micro_batch_size": probe.micro_batch_size, "rows": [row.as_dict() for row in probe.rows]}
+            "micro_batch_size": probe.micro_batch_size,
+            "attention_backend": probe.attention_backend, "rows": [row.as_dict() for row in probe.rows]}

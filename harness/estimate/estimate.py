@@ -1,0 +1,279 @@
+"""``estimate``: per-rank retained activation bytes of every row of a GPU recipe, measured on CPU.
+
+Method (docs/estimate.md):
+
+1. One real MCore layer of each kind in the recipe's model (dense / MoE), at its real per-rank widths:
+   the recipe's TP group runs for real (``torchrun`` on gloo, ``harness.estimate.worker``), sequence
+   parallel on when TP > 1, experts emulated in-rank (same routed token copies per rank as EP gives).
+2. Each row's layer is measured at three short sequence lengths; retained bytes (and their
+   attribution per module) are extrapolated exactly to the recipe's sequence length
+   (``harness.estimate.fit``: degree ≤ 2, the s² term being the unfused score matrix).
+3. Per rank: the layers of the hot pipeline stage (stage 0, which holds ``min(pp, microbatches)``
+   micro-batches in flight under 1F1B), each kind times its count. The hot rank is the TP rank with
+   the most ``[]`` bytes (TP ranks are symmetric, so ties go to rank 0).
+
+Scope: transformer layers only. The embedding, final norm, output layer and loss retain the same
+bytes in every row (no label touches them), so savings are unaffected; absolute ``retained_bytes``
+exclude them, and exclude everything that is not an activation (weights, gradients, optimizer state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from harness.config.revisions import collect_revisions
+from harness.errors import UsageError
+from harness.estimate.fit import extrapolate, quadratic_coefficient
+from harness.processes import run_bounded
+from harness.run.recipes import CONTROL_ROW, Recipe, parse_row
+
+ESTIMATE_SUBDIR = "estimate"  # under the golden root (harness.record.golden_dir)
+PROBE_SEQ_LENGTHS = (64, 128, 256)
+WORKER_TIMEOUT_S = 600.0
+CONTROL, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, UNMEASURED = (
+    "control", "effective", "inactive", "rejected", "requires-TE", "unmeasured")
+# recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
+# resolve to fused or flash attention on Hopper; both keep q, k, v, output and softmax statistics).
+ATTENTION_FOR_RECIPE = {"fused": "fused", "flash": "fused", "auto": "fused", "local": "unfused", "unfused": "unfused"}
+_EXPERT_INDEX = re.compile(r"local_experts\.\d+")
+
+
+@dataclass
+class EstimateRow:
+    label: str
+    status: str
+    reason: str = ""
+    rule: str | None = None
+    retained_bytes: int | None = None
+    saving_bytes: int | None = None
+    saving_pct: float | None = None
+    partial_saving_bytes: int | None = None  # requires-TE rows: what the labels that run on CPU save
+    per_kind: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> layers, retained, saving
+    # Per module ("kind:path"), bytes [] retains there minus what this row retains there, largest first.
+    # Negative entries are bytes that moved: a checkpoint's saved inputs are charged to the module
+    # that ran the checkpoint, where [] charged them to the module that first saved them.
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    attribution: dict[str, int] = field(default_factory=dict)  # the control only: retained bytes per module
+
+
+@dataclass
+class Estimate:
+    recipe: str
+    model: str
+    source: str
+    attention_backend: str
+    precision: str
+    seq_length: int
+    micro_batch_size: int
+    parallelism: dict[str, Any]
+    hot_rank: int
+    layers: dict[str, int]
+    in_flight_microbatches: int
+    probe_seq_lengths: list[int]
+    score_bytes_per_s2: dict[str, float]  # kind -> s² coefficient of []'s fit (0 under fused attention)
+    scope: str
+    rows: list[EstimateRow]
+    revisions: dict[str, Any] = field(default_factory=dict)  # torch / megatron_core / transformer_engine
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def attention_backend_for(recipe: Recipe, override: str | None) -> str:
+    if override is not None:
+        return override
+    try:
+        return ATTENTION_FOR_RECIPE[recipe.attention_backend]
+    except KeyError:
+        raise UsageError(f"recipe {recipe.name!r}: attention_backend {recipe.attention_backend!r} has no CPU "
+                         f"counterpart (known: {', '.join(ATTENTION_FOR_RECIPE)})") from None
+
+
+def check_estimable(recipe: Recipe) -> None:
+    """Refuse, before any process starts, what the layer model cannot represent."""
+    layout = recipe.parallelism
+    where = f"recipe {recipe.name!r}"
+    if recipe.device != "cuda":
+        raise UsageError(f"{where} is a CPU recipe: run it (or probe it) instead of estimating it")
+    if layout.cp != 1:
+        raise UsageError(f"{where}: context parallel {layout.cp} is not modelled (the CPU core attentions have no CP)")
+    if layout.vpp is not None:
+        raise UsageError(f"{where}: interleaved pipeline (vpp={layout.vpp}) is not modelled")
+    if layout.tp > 8:
+        raise UsageError(f"{where}: TP {layout.tp} would start {layout.tp} CPU ranks here; at most 8 are run")
+    if recipe.backend == "bridge" and recipe.backend_options.get("recipe") != "moonlight_16b":
+        raise UsageError(
+            f"{where}: no CPU layer model for {recipe.model!r} (its Mamba layers need CUDA kernels: "
+            "mamba_ssm / causal_conv1d); estimate covers Moonlight and mcore style-model recipes")
+
+
+def measure_recipe(recipe: Recipe, rows: list[str], attention_backend: str,
+                   seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
+                   timeout_s: float = WORKER_TIMEOUT_S) -> list[dict[str, Any]]:
+    """Run the TP ranks of the worker; their per-rank results."""
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    with tempfile.TemporaryDirectory(prefix="recompute-estimate-") as out:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc-per-node={recipe.parallelism.tp}", "-m", "harness.estimate.worker",
+                   "--recipe", recipe.name, "--rows", json.dumps(rows),
+                   "--seqs", ",".join(str(s) for s in seq_lengths), "--attention-backend", attention_backend,
+                   "--out", out, "--timeout", str(timeout_s)]
+        child = run_bounded(command, timeout_s=timeout_s, env=env)
+        if child is None:
+            raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
+        results = [json.loads(path.read_text()) for path in sorted(Path(out).glob("rank*.json"))]
+        if child.returncode != 0 or len(results) != recipe.parallelism.tp:
+            tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"the estimate's layer measurement failed (exit {child.returncode}): {tail}")
+    return results
+
+
+def _at_target(measurements: list[dict[str, Any]], target: int) -> tuple[Fraction, dict[str, Fraction]]:
+    """A row's layer bytes and per-module attribution, extrapolated to ``target``."""
+    lengths = [m["seq_length"] for m in measurements]
+    total = extrapolate(lengths, [m["retained_bytes"] for m in measurements], target)
+    modules: dict[str, list[int]] = defaultdict(lambda: [0] * len(measurements))
+    for i, m in enumerate(measurements):
+        for name, nbytes in m["attribution"].items():
+            modules[_EXPERT_INDEX.sub("local_experts.*", name)][i] += nbytes
+    return total, {name: extrapolate(lengths, values, target) for name, values in modules.items()}
+
+
+def hot_stage_layers(layer_kinds: list[str], pp: int, where: str) -> dict[str, int]:
+    """Layers of each kind on pipeline stage 0 (an even split, as MCore makes without a custom layout)."""
+    if len(layer_kinds) % pp:
+        raise UsageError(f"{where}: {len(layer_kinds)} layers do not split evenly over PP {pp}")
+    counts: dict[str, int] = defaultdict(int)
+    for kind in layer_kinds[: len(layer_kinds) // pp]:
+        counts[kind] += 1
+    return dict(counts)
+
+
+def assemble(recipe: Recipe, rows: list[str], attention_backend: str, results: list[dict[str, Any]],
+             seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS) -> Estimate:
+    """Per-rank results -> the estimate on the hot rank."""
+    where = f"recipe {recipe.name!r}"
+    first = results[0]
+    layout = recipe.parallelism
+    layers = hot_stage_layers(first["layer_kinds"], layout.pp, where)
+    micro_batches = recipe.global_batch_size // (recipe.micro_batch_size * layout.data_parallel(recipe.world_size))
+    in_flight = min(layout.pp, micro_batches)
+
+    def rank_total(result: dict[str, Any], row: str) -> Fraction | None:
+        kinds = result["kinds"]
+        if any(row not in kinds[kind] for kind in layers):
+            return None
+        return sum((_at_target(kinds[kind][row], recipe.seq_length)[0] * count for kind, count in layers.items()),
+                   Fraction(0)) * in_flight
+
+    control_totals = [rank_total(result, CONTROL_ROW) for result in results]
+    if any(total is None for total in control_totals):
+        raise RuntimeError(f"{where}: the [] control could not be measured: "
+                           f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}")
+    hot = max(range(len(results)), key=lambda r: (control_totals[r], -r))
+    result = results[hot]
+    control_total = control_totals[hot]
+    control_parts = {kind: _at_target(result["kinds"][kind][CONTROL_ROW], recipe.seq_length) for kind in layers}
+
+    out_rows = [_row(row, result, layers, in_flight, recipe.seq_length, control_total, control_parts)
+                for row in rows]
+    score = {kind: float(quadratic_coefficient(list(seq_lengths), [m["retained_bytes"] for m in
+                                                                   result["kinds"][kind][CONTROL_ROW]]))
+             for kind in layers} if len(seq_lengths) == 3 else {}
+    return Estimate(
+        recipe=recipe.name, model=first["model"], source=first["source"], attention_backend=attention_backend,
+        precision=recipe.precision, seq_length=recipe.seq_length, micro_batch_size=recipe.micro_batch_size,
+        parallelism={"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "etp": layout.expert_tp,
+                     "sequence_parallel": layout.tp > 1},
+        hot_rank=hot, layers=layers, in_flight_microbatches=in_flight, probe_seq_lengths=list(seq_lengths),
+        score_bytes_per_s2=score,
+        scope="activations autograd retains at the end of forward in the transformer layers of the hot "
+              "pipeline stage (embedding, output layer and loss excluded: no label changes them)",
+        rows=out_rows,
+    )
+
+
+def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: int, target: int,
+         control_total: Fraction, control_parts: dict[str, tuple[Fraction, dict[str, Fraction]]]) -> EstimateRow:
+    if row == CONTROL_ROW:
+        attribution = {f"{kind}:{name}": round(value * n * in_flight) for kind, n in layers.items()
+                       for name, value in control_parts[kind][1].items()}
+        return EstimateRow(row, CONTROL, retained_bytes=round(control_total), saving_bytes=0, saving_pct=0.0,
+                           per_kind={kind: {"layers": n, "retained_bytes": round(control_parts[kind][0] * n * in_flight),
+                                            "saving_bytes": 0} for kind, n in layers.items()},
+                           attribution=dict(sorted(attribution.items(), key=lambda item: -item[1])))
+    fields = parse_row(row)
+    if fields.granularity == "full":
+        return EstimateRow(row, UNMEASURED, "full recompute is applied by TransformerBlock across layers; the "
+                                            "per-layer estimate measures selective recompute only")
+    if row in result["rejected"]:
+        rejected = result["rejected"][row]
+        return EstimateRow(row, REJECTED, rejected["message"], rejected["rule"])
+    if row in result["requires_te"] and any(row not in result["kinds"][kind] for kind in layers):
+        return EstimateRow(row, REQUIRES_TE, result["requires_te"][row]["reason"])
+    per_kind: dict[str, dict[str, int]] = {}
+    total = Fraction(0)
+    removed: dict[str, Fraction] = defaultdict(Fraction)
+    for kind, count in layers.items():
+        bytes_, modules = _at_target(result["kinds"][kind][row], target)
+        control_bytes, control_modules = control_parts[kind]
+        scale = count * in_flight
+        per_kind[kind] = {"layers": count, "retained_bytes": round(bytes_ * scale),
+                          "saving_bytes": round((control_bytes - bytes_) * scale)}
+        total += bytes_ * scale
+        for name in set(modules) | set(control_modules):
+            delta = (control_modules.get(name, Fraction(0)) - modules.get(name, Fraction(0))) * scale
+            if delta:
+                removed[f"{kind}:{name}"] += delta
+    saving = control_total - total
+    removed_list = [{"module": name, "bytes": round(value)}
+                    for name, value in sorted(removed.items(), key=lambda item: -item[1])]
+    pct = float(saving / control_total * 100) if control_total else None
+    if row in result["requires_te"]:
+        te = result["requires_te"][row]
+        return EstimateRow(row, REQUIRES_TE, te["reason"], partial_saving_bytes=round(saving),
+                           per_kind=per_kind, removed=removed_list)
+    inactive_kinds = [kind for kind, part in per_kind.items() if part["saving_bytes"] == 0 and
+                      not any(name.startswith(f"{kind}:") for name in removed)]
+    if len(inactive_kinds) == len(layers):
+        return EstimateRow(row, INACTIVE, "accepted, but no layer kind retains other bytes than under []",
+                           retained_bytes=round(total), saving_bytes=0, saving_pct=0.0, per_kind=per_kind)
+    reason = f"no effect on {', '.join(inactive_kinds)} layers" if inactive_kinds else ""
+    return EstimateRow(row, EFFECTIVE, reason, retained_bytes=round(total), saving_bytes=round(saving),
+                       saving_pct=pct, per_kind=per_kind, removed=removed_list)
+
+
+def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: str | None = None) -> Estimate:
+    """Measure and assemble the estimate of ``recipe`` (its own rows unless ``rows`` is given)."""
+    check_estimable(recipe)
+    backend = attention_backend_for(recipe, attention_backend)
+    chosen = list(rows if rows is not None else recipe.rows)
+    if CONTROL_ROW not in chosen:
+        chosen.insert(0, CONTROL_ROW)
+    for row in chosen:
+        parse_row(row)
+    results = measure_recipe(recipe, chosen, backend)
+    result = assemble(recipe, chosen, backend, results)
+    revisions = collect_revisions()
+    result.revisions = {key: revisions[key] for key in ("torch", "megatron_core", "transformer_engine")}
+    return result
+
+
+def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
+    """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``."""
+    from harness.record.golden_dir import golden_root
+
+    core = estimate.revisions.get("megatron_core") or {}
+    return golden_root(root) / ESTIMATE_SUBDIR / (f"{estimate.recipe}__{estimate.attention_backend}__"
+                                                  f"mcore-{core.get('version')}-{core.get('fingerprint')}.json")

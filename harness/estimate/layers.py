@@ -1,0 +1,149 @@
+"""One real Megatron Core transformer layer of each kind, at the recipe's per-rank widths, measured.
+
+The layer is MCore's own (``get_gpt_decoder_block_spec`` on the local spec, ``build_module``), its
+norms as on GPU (``_gpu_norms``), in the recipe's precision, with the row's recompute fields and the
+chosen core attention (under ``fused``, attention dropout is set to 0: GPU fused kernels keep only an
+RNG seed for it, no bytes, and the CPU flash kernel has none); the running model-parallel state gives the tensor-parallel split (and sequence parallel with it), so every
+sharded width is MCore's. Its input is the ``[s/tp, b, h]`` hidden state a previous layer hands it
+(counted: in a stack it is the previous layer's output, saved by this layer's input norm).
+
+Retained bytes are what autograd still holds when the layer's forward returns
+(``harness.probe.measure.retained_by_forward``), attributed to the innermost module that saved them.
+The causal mask is excluded: a model builds it once and every layer shares it.
+
+Weights: the first row's layer draws them (MCore's init is skipped: ``perform_initialization`` off,
+``_draw_weights`` instead, far cheaper at 64 experts), and every other row's layer of the same kind
+shares the very tensors, so routing is identical across rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.config.fields import RecomputeFields
+from harness.models import set_core_attention, transformer_config
+from harness.cpu.norm import FusedRMSNorm
+from harness.estimate.model import CPU_FLAGS, MOE, Architecture
+from harness.probe.measure import retained_by_forward
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LayerMeasurement:
+    """Retained bytes of one layer forward at one sequence length (full sequence, all TP ranks)."""
+
+    seq_length: int
+    retained_bytes: int
+    attribution: dict[str, int] = field(default_factory=dict)
+
+
+def layer_config(arch: Architecture, fields: RecomputeFields, kind: str, *, precision: str,
+                 etp: int | None = None, dropout: bool = False) -> Any:
+    """The real TransformerConfig of a one-layer model of ``kind`` (the validator runs here)."""
+    from megatron.core import parallel_state as ps
+
+    config = arch.config
+    overrides: dict[str, Any] = {**CPU_FLAGS, "num_layers": 1, "perform_initialization": False}
+    if "num_moe_experts" in config:
+        overrides["moe_layer_freq"] = [1 if kind == MOE else 0]
+    if ps.get_tensor_model_parallel_world_size() > 1:
+        overrides["sequence_parallel"] = True
+    if etp is not None:
+        overrides["expert_tensor_parallel_size"] = etp
+    if not dropout:
+        overrides["hidden_dropout"] = config.get("hidden_dropout", 0.0)
+        overrides["attention_dropout"] = config.get("attention_dropout", 0.0)
+    return transformer_config(arch.style, fields, dropout=dropout, dtype=DTYPES[precision], **overrides)
+
+
+def build_layer(arch: Architecture, fields: RecomputeFields, kind: str, *, precision: str,
+                attention_backend: str, etp: int | None = None, dropout: bool = False,
+                weights_from: torch.nn.Module | None = None, seed: int = 1234) -> torch.nn.Module:
+    """One MCore ``TransformerLayer`` of ``kind``; weights drawn, or shared with ``weights_from``."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    config = layer_config(arch, fields, kind, precision=precision, etp=etp, dropout=dropout)
+    if attention_backend == "fused":
+        config.attention_dropout = 0.0
+    block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=config.normalization)
+    set_core_attention(block_spec, attention_backend, arch.style.mla)
+    _gpu_norms(block_spec, config.normalization, config.sequence_parallel)
+    layer = build_module(block_spec.layer_specs[0], config=config, layer_number=1)
+    if weights_from is not None:
+        layer.load_state_dict(weights_from.state_dict(), strict=True, assign=True)
+    else:
+        _draw_weights(layer, seed)
+    layer.train()
+    return layer
+
+
+_PATTERN_ELEMENTS = 1 << 20
+
+
+def _draw_weights(layer: torch.nn.Module, seed: int) -> None:
+    """Norm weights 1, every other weight tiled from one block of N(0, 0.02²) draws: values matter to
+    byte counts only through routing (the router's weight is small, so it is drawn in full), and
+    drawing half a billion expert weights one by one costs ~10 s per rank."""
+    generator = torch.Generator().manual_seed(seed)
+    pattern = torch.randn(_PATTERN_ELEMENTS, generator=generator) * 0.02
+    with torch.no_grad():
+        for name, parameter in layer.named_parameters():
+            if "norm" in name:
+                parameter.fill_(1.0)
+                continue
+            flat = parameter.view(-1)
+            if flat.numel() <= _PATTERN_ELEMENTS:
+                flat.copy_(torch.randn(flat.numel(), generator=generator) * 0.02)
+                continue
+            for start in range(0, flat.numel(), _PATTERN_ELEMENTS):
+                chunk = flat[start:start + _PATTERN_ELEMENTS]
+                chunk.copy_(pattern[:chunk.numel()])
+
+
+def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> None:
+    """The layer norms as a GPU recipe's: RMSNorm -> ``FusedRMSNorm`` (what TE's keeps); LayerNorm
+    stays torch's (``native_layer_norm`` keeps input, mean and rstd on CPU as on GPU), built with
+    SP off when SP is on: MCore's ``WrappedTorchNorm`` refuses SP only because its weight gradient
+    would need the TP all-reduce, and a norm is per token, so on the ``[s/tp, b, h]`` shard it saves
+    exactly what it saves without SP (forward-only here: no gradient is ever reduced)."""
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    def sequence_parallel_norm(config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> torch.nn.Module:
+        local = copy.copy(config)
+        local.sequence_parallel = False
+        norm = WrappedTorchNorm(config=local, hidden_size=hidden_size, eps=eps, **kwargs)
+        for parameter in norm.parameters():
+            parameter.sequence_parallel = True
+        return norm
+
+    replacement = FusedRMSNorm if normalization == "RMSNorm" else sequence_parallel_norm if sequence_parallel else None
+    if replacement is None:
+        return
+    for layer_spec in block_spec.layer_specs:
+        for name in ("input_layernorm", "pre_mlp_layernorm"):
+            if getattr(layer_spec.submodules, name) is WrappedTorchNorm:
+                setattr(layer_spec.submodules, name, replacement)
+
+
+def measure_layer(layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0) -> LayerMeasurement:
+    """Forward ``layer`` once on this rank's ``[s/tp, b, h]`` slice; retained bytes at its end."""
+    from megatron.core import parallel_state as ps
+
+    config = layer.config
+    tp = ps.get_tensor_model_parallel_world_size()
+    local = seq_length // tp if config.sequence_parallel else seq_length
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(local, micro_batch_size, config.hidden_size, generator=generator).to(config.params_dtype)
+    hidden.requires_grad_(True)
+    mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
+    output, retained, attribution = retained_by_forward(layer, lambda: layer(hidden, attention_mask=mask),
+                                                        shared=(mask,))
+    del output
+    return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})

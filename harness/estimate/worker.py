@@ -1,0 +1,99 @@
+"""One rank of the estimate's measurement job (``torchrun --nproc-per-node TP -m harness.estimate.worker``).
+
+The recipe's tensor-parallel group is real: TP ranks on gloo, sequence parallel on when TP > 1, so
+MCore's own column/row-parallel layers, MLA's sequence-parallel scatter/gather and the shared
+experts' sharding decide every per-rank width. Expert parallelism is emulated inside the rank: it
+hosts all the recipe's experts with EP 1, and routes its own ``s/tp · b`` tokens to them. A rank of
+the real EP group hosts ``E/EP`` experts and receives, under balanced routing, the same ``topk ·
+s/tp · b`` token copies from the group, so the experts' retained bytes (sums over tokens) are the same;
+only the per-expert split differs, which byte counts do not see.
+
+Per row and layer kind it measures one layer forward at each probe sequence length and writes
+``rank<r>.json`` into ``--out``: per kind, per row, the measurements; rejected rows with the
+validator's message and rule; rows whose labels need Transformer Engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# MCore wraps small router/activation helpers in torch.compile (jit_fuser); inductor's C++ build costs
+# ~25 s on CPU. The same functions run eagerly; byte counts are the same.
+os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    import warnings
+
+    import torch
+    import torch.distributed as dist
+
+    from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
+    from harness.estimate.layers import build_layer, measure_layer
+    from harness.estimate.model import architecture
+    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
+    from harness.probe.status import requires_te_reason, te_only_labels_missing
+    from harness.run.recipes import load_recipe, parse_row
+
+    torch.set_num_threads(1)  # one rank per core
+    recipe = load_recipe(args.recipe)
+    arch = architecture(recipe)
+    layout = recipe.parallelism
+    init_cpu_parallel_state(tp=layout.tp, etp=layout.etp, timeout_s=args.timeout)
+    seqs = [int(s) for s in args.seqs.split(",")]
+    result: dict[str, Any] = {"rank": dist.get_rank(), "kinds": {}, "rejected": {}, "requires_te": {},
+                              "layer_kinds": list(arch.layer_kinds), "model": arch.style.name,
+                              "source": arch.source}
+    rows = json.loads(args.rows)
+    for kind in arch.kinds:
+        base = None
+        per_row: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            fields = parse_row(row)
+            if fields.granularity == "full":
+                continue  # applied by TransformerBlock, not by a layer: reported as unmeasured
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    layer = build_layer(arch, fields, kind, precision=recipe.precision,
+                                        attention_backend=args.attention_backend, etp=layout.etp,
+                                        weights_from=base)
+            except MCORE_REJECTIONS as exc:
+                rejected = ConfigRejected.from_exception(exc)
+                message = rejected.message.strip().splitlines()[0] if rejected.message.strip() else rejected.mcore_exception
+                result["rejected"][row] = {"message": message, "rule": rejected.rule}
+                continue
+            base = layer if base is None else base
+            missing = te_only_labels_missing(fields.modules or (), layer, transformer_engine_available())
+            if missing:
+                result["requires_te"][row] = {"labels": missing, "reason": requires_te_reason(missing, layer)}
+                if set(missing) == set(fields.modules):
+                    continue  # nothing of the row runs without TE: no measurement to make
+            per_row[row] = [vars(measure_layer(layer, s, recipe.micro_batch_size)) for s in seqs]
+        result["kinds"][kind] = per_row
+    return result
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="harness.estimate.worker")
+    parser.add_argument("--recipe", required=True)
+    parser.add_argument("--rows", required=True, help="JSON list of row names")
+    parser.add_argument("--seqs", required=True, help="comma-separated probe sequence lengths")
+    parser.add_argument("--attention-backend", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--timeout", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    result = _run(args)
+    from harness.files import write_json_atomic
+
+    write_json_atomic(args.out / f"rank{result['rank']}.json", result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
