@@ -28,12 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.estimate.estimate import check_estimable, estimate, golden_path
-    from harness.run.recipes import load_recipe, parse_row
+    from harness.config.fields import RecomputeFields
+    from harness.run.recipes import load_recipe
 
     recipe = load_recipe(args.recipe)
     check_estimable(recipe)
     for row in args.rows or ():
-        parse_row(row)
+        RecomputeFields.parse(row)
     try:
         result = estimate(recipe, args.rows, args.attention_backend)
     except RuntimeError as exc:

@@ -34,7 +34,8 @@ from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.processes import run_bounded
-from harness.run.recipes import CONTROL_ROW, Recipe, parse_row
+from harness.config.fields import CONTROL_ROW, RecomputeFields
+from harness.run.recipes import Recipe
 
 ESTIMATE_SUBDIR = "estimate"  # under the golden root (harness.record.golden_dir)
 PROBE_SEQ_LENGTHS = (64, 128, 256)
@@ -212,8 +213,8 @@ def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: in
         return EstimateRow(row, CONTROL, retained_bytes=round(control_total), saving_bytes=0, saving_pct=0.0,
                            per_kind={kind: {"layers": n, "retained_bytes": round(control_parts[kind][0] * n * in_flight),
                                             "saving_bytes": 0} for kind, n in layers.items()},
-                           attribution=dict(sorted(attribution.items(), key=lambda item: -item[1])))
-    fields = parse_row(row)
+                           attribution=dict(sorted(attribution.items(), key=lambda item: (-item[1], item[0]))))
+    fields = RecomputeFields.parse(row)
     if fields.granularity == "full":
         return EstimateRow(row, UNMEASURED, "full recompute is applied by TransformerBlock across layers; the "
                                             "per-layer estimate measures selective recompute only")
@@ -238,7 +239,7 @@ def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: in
                 removed[f"{kind}:{name}"] += delta
     saving = control_total - total
     removed_list = [{"module": name, "bytes": round(value)}
-                    for name, value in sorted(removed.items(), key=lambda item: -item[1])]
+                    for name, value in sorted(removed.items(), key=lambda item: (-item[1], item[0]))]
     pct = float(saving / control_total * 100) if control_total else None
     if row in result["requires_te"]:
         te = result["requires_te"][row]
@@ -262,7 +263,7 @@ def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: s
     if CONTROL_ROW not in chosen:
         chosen.insert(0, CONTROL_ROW)
     for row in chosen:
-        parse_row(row)
+        RecomputeFields.parse(row)
     results = measure_recipe(recipe, chosen, backend)
     result = assemble(recipe, chosen, backend, results)
     revisions = collect_revisions()

@@ -38,7 +38,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from harness.estimate.model import architecture
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
     from harness.probe.status import requires_te_reason, te_only_labels_missing
-    from harness.run.recipes import load_recipe, parse_row
+    from harness.config.fields import RecomputeFields
+    from harness.run.recipes import load_recipe
 
     torch.set_num_threads(1)  # one rank per core
     recipe = load_recipe(args.recipe)
@@ -54,7 +55,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         base = None
         per_row: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
-            fields = parse_row(row)
+            fields = RecomputeFields.parse(row)
             if fields.granularity == "full":
                 continue  # applied by TransformerBlock, not by a layer: reported as unmeasured
             try:
