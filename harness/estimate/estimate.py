@@ -37,7 +37,6 @@ from harness.processes import run_bounded
 from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.run.recipes import Recipe
 
-ESTIMATE_SUBDIR = "estimate"  # under the golden root (harness.record.golden_dir)
 PROBE_SEQ_LENGTHS = (64, 128, 256)
 WORKER_TIMEOUT_S = 600.0
 CONTROL, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, UNMEASURED = (
@@ -273,8 +272,8 @@ def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: s
 
 def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
     """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``."""
-    from harness.record.golden_dir import golden_root
+    from harness.record.golden_dir import estimate_dir, golden_root
 
     core = estimate.revisions.get("megatron_core") or {}
-    return golden_root(root) / ESTIMATE_SUBDIR / (f"{estimate.recipe}__{estimate.attention_backend}__"
+    return estimate_dir(golden_root(root)) / (f"{estimate.recipe}__{estimate.attention_backend}__"
                                                   f"mcore-{core.get('version')}-{core.get('fingerprint')}.json")

@@ -1,7 +1,7 @@
 """Where goldens live, and which golden a set of records is judged by.
 
 One root holds every kind of golden: run and reference goldens at the top, CPU-probe goldens under
-``cpu/``, label manifests under ``labels/``. The root is, in order: the command's ``--golden-dir``,
+``cpu/``, label manifests under ``labels/``, CPU estimates of GPU recipes under ``estimate/``. The root is, in order: the command's ``--golden-dir``,
 ``$RECOMPUTE_HARNESS_GOLDEN_DIR``, else ``tests/golden`` of this checkout. Every command and test
 finds goldens here and nowhere else.
 """
@@ -21,6 +21,7 @@ ENV_VAR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
 CHECKOUT_ROOT = Path(__file__).resolve().parents[2] / "tests" / "golden"
 CPU_SUBDIR = "cpu"
 LABELS_SUBDIR = "labels"
+ESTIMATE_SUBDIR = "estimate"  # `estimate --write-golden` files (not run goldens: harness.estimate)
 
 
 def golden_root(option: Path | str | None = None) -> Path:
@@ -41,6 +42,10 @@ def directory_for(kind: str, root: Path) -> Path:
 
 def labels_dir(root: Path) -> Path:
     return root / LABELS_SUBDIR
+
+
+def estimate_dir(root: Path) -> Path:
+    return root / ESTIMATE_SUBDIR
 
 
 def golden_path_for(records: Sequence[Record], root: Path) -> Path:

@@ -13,14 +13,13 @@ import torch
 from harness.cli import main
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
-from harness.estimate.estimate import ESTIMATE_SUBDIR
-from harness.record.golden_dir import golden_path_for, golden_root
+from harness.record.golden_dir import estimate_dir, golden_path_for, golden_root
 from harness.estimate.anchors import GPT_ANCHOR, korthikanti_layer_bytes, megatron_lm_layer_bytes
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.estimate.layers import build_layer, measure_layer
 from harness.estimate.model import DENSE, Architecture
 
-GOLDEN_ESTIMATE = sorted((golden_root() / ESTIMATE_SUBDIR).glob("moonlight-full-8gpu__fused__*.json"))
+GOLDEN_ESTIMATE = sorted(estimate_dir(golden_root()).glob("moonlight-full-8gpu__fused__*.json"))
 SEED_MOONLIGHT = Path(__file__).parents[3] / "harness" / "data" / "reference" / "seed-moonlight-full-8gpu.json"
 ANCHOR = Architecture(GPT_ANCHOR, "test", (DENSE,))
 
