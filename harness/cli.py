@@ -1,4 +1,4 @@
-"""The ``recompute-harness`` command line.
+"""Regression checks and golden baselines for activation recompute in Megatron Core and Megatron Bridge.
 
 Each subcommand lives in ``harness/commands/<name>.py`` and exposes ``add_arguments(parser)`` and
 ``run(args) -> int``. Modules are imported only when their subcommand runs, so ``--help`` and light
@@ -12,6 +12,7 @@ import importlib
 import sys
 from types import ModuleType
 
+from harness import __version__
 from harness.errors import EXIT_USAGE, UsageError
 from harness.noise import silence_known_noise
 
@@ -40,7 +41,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="recompute-harness", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="recompute-harness", description=__doc__.splitlines()[0],
+                     epilog="Run `recompute-harness COMMAND --help` for a command's options; docs/ has the guides.")
+    parser.add_argument("--version", action="version", version=f"recompute-harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
     for name, (module_name, help_text) in SUBCOMMANDS.items():

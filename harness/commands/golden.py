@@ -9,7 +9,7 @@ from pathlib import Path
 
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK
-from harness.record.golden_dir import golden_root
+from harness.record.golden_dir import golden_root, writable
 from harness.record.io import load_records
 from harness.record.refresh import plan_refresh, write_refresh
 from harness.report.markdown import emit, refresh_markdown
@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     command = "recompute-harness " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
     plans = plan_refresh(load_records(args.records), golden_root(args.golden_dir), command, args.allow_failed, args.allow_partial)
     if not args.dry_run:
+        writable(golden_root(args.golden_dir))
         write_refresh(plans)
     for plan in plans:
         emit(refresh_markdown(str(plan.path), plan.diff, None if plan.previous is None else str(plan.previous)))

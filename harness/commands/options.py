@@ -8,6 +8,6 @@ from pathlib import Path
 from harness.record.golden_dir import ENV_VAR
 
 
-def add_golden_dir(parser: argparse.ArgumentParser) -> None:
+def add_golden_dir(parser: argparse.ArgumentParser, help_text: str | None = None) -> None:
     parser.add_argument("--golden-dir", type=Path, metavar="DIR",
-                        help=f"golden root (default: ${ENV_VAR}, else tests/golden of the checkout)")
+                        help=help_text or f"golden root (default: ${ENV_VAR}, else tests/golden of the checkout, else the copy shipped with the package, read-only)")

@@ -15,7 +15,7 @@ from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", help="recipe name (see --list)")
+    parser.add_argument("--recipe", help="recipe name (see --list), or the path of a recipe .toml file anywhere")
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
     parser.add_argument("--rows", nargs="+", metavar="ROW",
                         help="rows to run instead of the recipe's ([] control is always run first), "
@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: torchrun per node on this host; slurm: srun + torchrun inside an sbatch "
                              "allocation (what `launch --slurm` writes)")
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="slurm launcher: the c10d rendezvous endpoint")
+    parser.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
+                        help="slurm launcher: an extra srun flag for every row's step (repeatable), e.g. "
+                             "--srun-arg=--container-image=IMG; with a container image the ranks run its python")
     parser.add_argument("--inject-fault", action="append", default=[], metavar="SPEC",
                         help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
                              "KIND one of oom, nan, hang")
@@ -62,7 +65,11 @@ def run(args: argparse.Namespace) -> int:
     from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
     rows = sweep_rows(recipe, args.rows)
-    launcher = Launcher(args.launcher, args.rdzv_endpoint, sys.executable)
+    if args.srun_arg and args.launcher != "slurm":
+        raise UsageError("--srun-arg needs --launcher slurm")
+    # Inside a container the batch node's interpreter path means nothing: the image's python runs the ranks.
+    contained = any(arg.startswith("--container-image") for arg in args.srun_arg)
+    launcher = Launcher(args.launcher, args.rdzv_endpoint, "python" if contained else sys.executable, tuple(args.srun_arg))
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
     with sigterm_as_exit(), LiveProgress(recipe.name, rows) as progress:
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from harness.errors import UsageError
 from harness.record.effects import matched_control
-from harness.record.golden import Golden, golden_values
+from harness.record.golden import Golden, golden_values, pin_differences
 from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
@@ -64,7 +64,8 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
     """Every pin, hardware or recipe field where ``record`` differs from ``golden``.
 
     A pin the golden leaves null was not recorded by its source (e.g. the skill card gives commits, no
-    fingerprint); it is not compared. Every pin the golden states must match exactly.
+    fingerprint); it is not compared. Every pin the golden states must match exactly, except that a
+    package pinned by commit and by version + fingerprint matches by either (``pin_differences``).
     """
     differences = []
     # A GPU run may be judged against a transcribed reference golden of its exact pins; a CPU probe only
@@ -78,14 +79,7 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
             differences.append(f"hardware.{key} {golden.hardware[key]} != {value}")
     pins = record.pins()
     for key, pinned in golden.pins.items():
-        actual = pins[key]
-        if isinstance(pinned, dict):
-            for sub, pinned_value in pinned.items():
-                actual_value = None if not isinstance(actual, dict) else actual.get(sub)
-                if pinned_value is not None and actual_value != pinned_value:
-                    differences.append(f"{key}.{sub} {pinned_value} != {actual_value}")
-        elif pinned is not None and actual != pinned:
-            differences.append(f"{key} {pinned} != {actual}")
+        differences += pin_differences(key, pinned, pins[key])
     return differences
 
 

@@ -19,7 +19,7 @@ from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
 from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
 from harness.record.golden import golden_from_records, load_golden, write_golden
-from harness.record.golden_dir import golden_path_for, golden_root, newest_like
+from harness.record.golden_dir import golden_path_for, golden_root, existing, newest_like, writable
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
@@ -73,7 +73,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
 def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> Path:
     """Write (atomically) the golden for this model and the installed revisions."""
     records = probe_records(probe)
-    path = golden_path_for(records, golden_root(root))
+    path = golden_path_for(records, writable(golden_root(root)))
     golden = golden_from_records(records, {
         "source": "cpu probe run", "command": REFRESH_COMMAND, "host": socket.gethostname(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": None, "driver": None,
@@ -85,7 +85,7 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> Path:
 def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
     """(golden path, problems): one readable line per changed value; empty when everything matches."""
     records = probe_records(probe)
-    path = golden_path_for(records, golden_root(root))
+    path = golden_path_for(records, existing(golden_root(root)))
     if path.is_file():
         problems = _changed_values(compare_records(load_golden(path), records, str(path)))
         return path, problems + ([f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else [])

@@ -119,6 +119,25 @@ def pin_slug(pins: dict[str, Any]) -> str:
     return "__".join(parts)
 
 
+def pin_differences(key: str, pinned: Any, actual: Any) -> list[str]:
+    """Where ``actual`` differs from one pin a golden states (null parts are not compared).
+
+    A package pin (``{version, commit, fingerprint}``) that states a commit and a version + fingerprint
+    matches by either: the commit, or the version with the fingerprint of the recompute sources. That is
+    how one golden serves a wheel (no commit) and Bridge's git submodule (commit) of the same sources.
+    """
+    if not isinstance(pinned, dict):
+        return [] if pinned is None or actual == pinned else [f"{key} {pinned} != {actual}"]
+    actual = actual if isinstance(actual, dict) else {}
+    differing = [sub for sub, value in pinned.items() if value is not None and actual.get(sub) != value]
+    if pinned.get("commit") is not None and pinned.get("fingerprint") is not None:
+        if "commit" not in differing:  # matched by commit: version and fingerprint are not asked
+            differing = [sub for sub in differing if sub not in ("version", "fingerprint")]
+        elif not {"version", "fingerprint"} & set(differing):  # matched by the same sources
+            differing = [sub for sub in differing if sub != "commit"]
+    return [f"{key}.{sub} {pinned[sub]} != {actual.get(sub)}" for sub in differing]
+
+
 def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
     """The part of a golden's file name every revision of one recipe × hardware shares."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)

@@ -1,9 +1,15 @@
 """Where goldens live, and which golden a set of records is judged by.
 
 One root holds every kind of golden: run and reference goldens at the top, CPU-probe goldens under
-``cpu/``, label manifests under ``labels/``, CPU estimates of GPU recipes under ``estimate/``. The root is, in order: the command's ``--golden-dir``,
-``$RECOMPUTE_HARNESS_GOLDEN_DIR``, else ``tests/golden`` of this checkout. Every command and test
-finds goldens here and nowhere else.
+``cpu/``, label manifests under ``labels/``, CPU estimates of GPU recipes under ``estimate/``. The root
+is, in order: the command's ``--golden-dir``, ``$RECOMPUTE_HARNESS_GOLDEN_DIR``, else ``tests/golden`` of
+this checkout, else (an installed, non-editable package) the copy shipped as package data in
+``harness/data/golden``. Every command and test finds goldens here and nowhere else.
+
+In the repository ``harness/data/golden`` is a symlink to ``tests/golden`` (the source of truth), so a
+wheel carries the label manifests and CPU goldens of the pinned revisions without a second copy. The
+shipped copy is read-only: a write into it is refused (see ``writable``), so nothing ever writes into
+site-packages; name a directory with ``--golden-dir`` or the environment variable instead.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from harness.record.model import Record
 
 ENV_VAR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
 CHECKOUT_ROOT = Path(__file__).resolve().parents[2] / "tests" / "golden"
+PACKAGED_ROOT = Path(__file__).resolve().parents[1] / "data" / "golden"
 CPU_SUBDIR = "cpu"
 LABELS_SUBDIR = "labels"
 ESTIMATE_SUBDIR = "estimate"  # `estimate --write-golden` files (not run goldens: harness.estimate)
@@ -32,7 +39,23 @@ def golden_root(option: Path | str | None = None) -> Path:
         if str(value) == "":
             raise UsageError(f"{what} is empty; name a golden directory")
         return Path(value)
-    return CHECKOUT_ROOT
+    return CHECKOUT_ROOT if CHECKOUT_ROOT.is_dir() else PACKAGED_ROOT
+
+
+def existing(root: Path) -> Path:
+    """``root`` when it is a directory; a golden root that does not exist is bad input, not 'no golden'."""
+    if not Path(root).is_dir():
+        raise UsageError(f"golden directory {root} does not exist")
+    return Path(root)
+
+
+def writable(root: Path) -> Path:
+    """``root`` unless it is the read-only copy shipped inside the installed package."""
+    resolved = Path(root).resolve()
+    if not CHECKOUT_ROOT.is_dir() and (resolved == PACKAGED_ROOT or PACKAGED_ROOT in resolved.parents):
+        raise UsageError(f"refusing to write into the goldens shipped with the package ({PACKAGED_ROOT}); "
+                         f"name a directory with --golden-dir or ${ENV_VAR}")
+    return Path(root)
 
 
 def directory_for(kind: str, root: Path) -> Path:

@@ -15,7 +15,7 @@ from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.files import write_json_atomic
-from harness.record.golden_dir import golden_root, labels_dir
+from harness.record.golden_dir import golden_root, existing, labels_dir, writable
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 REFRESH_COMMAND = "./venv-run recompute-harness labels --write-manifest"
@@ -38,7 +38,7 @@ def write_manifest(root: Path | None = None) -> Path:
         "written_by": REFRESH_COMMAND,
         "labels": sorted(accepted_labels()),
     }
-    path = manifest_path(mcore["fingerprint"], root)
+    path = manifest_path(mcore["fingerprint"], writable(golden_root(root)))
     write_json_atomic(path, manifest)
     return path
 
@@ -60,7 +60,7 @@ def manifest_problem(root: Path | None = None) -> str | None:
     so an MCore bump that adds or removes labels reads as a label diff, not just a missing file.
     """
     fingerprint = collect_revisions()["megatron_core"]["fingerprint"]
-    path = manifest_path(fingerprint, root)
+    path = manifest_path(fingerprint, existing(golden_root(root)))
     directory = path.parent
     current = set(accepted_labels())
     if path.is_file():

@@ -22,7 +22,7 @@ from harness.errors import UsageError
 from harness.files import write_json_atomic
 from harness.record.build import new_record, outcome, parallelism, workload
 from harness.record.golden import golden_from_records, write_golden
-from harness.record.golden_dir import golden_path_for, golden_root
+from harness.record.golden_dir import golden_path_for, golden_root, writable
 from harness.record.model import Hardware, Headline, Outcome, Record, RunMetrics, SteadyWindow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ def write_seed(card_path: Path, records_dir: Path, golden_dir: Path | None = Non
             "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
             "driver": None,
         })
-        path = golden_path_for(records, golden_root(golden_dir))
+        path = golden_path_for(records, writable(golden_root(golden_dir)))
         write_golden(path, golden)
         written.append(path)
     return written

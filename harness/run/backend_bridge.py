@@ -51,7 +51,7 @@ from megatron.core.transformer.enums import AttnBackend
 
 from harness.run.instrument import Instrument
 from harness.config.fields import RecomputeFields
-from harness.run.recipes import Recipe
+from harness.run.recipes import Recipe, bridge_builders
 
 # (path fragment, function name) of the outermost frame that places a failure in a phase.
 PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
@@ -238,7 +238,9 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
 def _bridge_recipe(recipe: Recipe) -> Any:
     """Bridge's own recipe config, before the harness's overrides."""
     options = recipe.backend_options
-    return RECIPES[options["recipe"]](options)
+    name = options["recipe"]
+    builder = RECIPES.get(name) or bridge_builders()[name].load()  # load_recipe refused any other name
+    return builder(options)
 
 
 def configure(recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:

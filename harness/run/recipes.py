@@ -5,6 +5,11 @@ parallel layout, batch and sequence sizes, the iteration count and steady window
 sweep (row names as ``RecomputeFields.name`` spells them: ``[]``, ``moe_act``, ``layernorm+moe_act``,
 ``full-uniform-1``). A recipe may start from another with ``base = "name"`` (tables merge, values
 replace). Everything a user can get wrong is refused here, on one line, before anything launches.
+
+``--recipe`` takes a packaged name or a path to a ``.toml`` file anywhere (a Bridge repo's own recipes;
+its ``base`` may be a packaged name or a path relative to the file). Bridge builders beyond the two
+shipped ones come from the entry point group ``recompute_harness.recipes``: ``name = "pkg.mod:builder"``,
+where ``builder(options) -> ConfigContainer`` receives the recipe's ``[bridge]`` table.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import sys
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
@@ -27,6 +33,7 @@ BACKENDS = ("bridge", "mcore")
 DEVICES = ("cuda", "cpu")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
 BRIDGE_RECIPES = ("moonlight_16b", "nemotron_3_nano")  # builders in harness.run.backend_bridge.RECIPES
+ENTRY_POINT_GROUP = "recompute_harness.recipes"  # more Bridge builders, from other installed packages
 MCORE_PRECISIONS = ("fp32", "bf16", "fp16")  # parameter dtypes of the mcore back end's loop
 
 _INSTALL_HINT = {
@@ -120,19 +127,51 @@ def recipe_names() -> list[str]:
     return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml"))
 
 
-def _raw(name: str, chain: tuple[str, ...] = ()) -> dict[str, Any]:
-    if name in chain:
-        raise UsageError(f"recipe {chain[0]!r}: circular base chain {' -> '.join((*chain, name))}")
-    names = recipe_names()
-    if name not in names:
-        raise UsageError(f"unknown recipe {name!r} (known: {', '.join(names)})")
-    text = resources.files("harness").joinpath("data", "recipes", f"{name}.toml").read_text(encoding="utf-8")
+def bridge_builders() -> dict[str, metadata.EntryPoint]:
+    """Bridge recipe builders other packages register under ``recompute_harness.recipes``."""
+    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def bridge_recipe_names() -> list[str]:
+    return [*BRIDGE_RECIPES, *sorted(set(bridge_builders()) - set(BRIDGE_RECIPES))]
+
+
+def is_recipe_file(name: str) -> bool:
+    """A ``--recipe`` value naming a file (a path, or ending in .toml) rather than a packaged recipe."""
+    return name.endswith(".toml") or "/" in name
+
+
+def recipe_display_name(name: str) -> str:
+    """The recipe name records and goldens carry: a file's stem, or the packaged name."""
+    return Path(name).stem if is_recipe_file(name) else name
+
+
+def _raw(name: str, chain: tuple[str, ...] = (), relative_to: Path | None = None) -> dict[str, Any]:
+    if is_recipe_file(name):
+        path = Path(name) if relative_to is None or Path(name).is_absolute() else relative_to / name
+        key = str(path.resolve())
+    else:
+        key = name
+    if key in chain:
+        raise UsageError(f"recipe {chain[0]!r}: circular base chain {' -> '.join((*chain, key))}")
+    if is_recipe_file(name):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"recipe file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        folder: Path | None = path.parent
+    else:
+        names = recipe_names()
+        if name not in names:
+            raise UsageError(f"unknown recipe {name!r} (known: {', '.join(names)}; or a path to a .toml file)")
+        text = resources.files("harness").joinpath("data", "recipes", f"{name}.toml").read_text(encoding="utf-8")
+        folder = None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"recipe {name!r}: malformed TOML: {exc}") from None
     base = data.pop("base", None)
-    return _merge(_raw(base, (*chain, name)), data) if base else data
+    return _merge(_raw(base, (*chain, key), folder), data) if base else data
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -146,8 +185,10 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_recipe(name: str) -> Recipe:
-    """Load, merge and check one recipe (layout arithmetic included; packages are checked at launch)."""
+    """Load, merge and check one recipe, by packaged name or file path (layout arithmetic included;
+    packages are checked at launch)."""
     data = _raw(name)
+    name = recipe_display_name(name)
     missing = [key for key in _REQUIRED if key not in data]
     if missing:
         raise UsageError(f"recipe {name!r}: missing {', '.join(missing)}")
@@ -166,8 +207,9 @@ def load_recipe(name: str) -> Recipe:
     if not (isinstance(window, list) and len(window) == 2 and all(isinstance(i, int) for i in window)):
         raise UsageError(f"recipe {name!r}: steady_window must be [first, last] iterations")
     backend = data["backend"]
-    if backend == "bridge" and data.get("bridge", {}).get("recipe") not in BRIDGE_RECIPES:
-        raise UsageError(f"recipe {name!r}: [bridge] recipe must be one of {', '.join(BRIDGE_RECIPES)}")
+    if backend == "bridge" and data.get("bridge", {}).get("recipe") not in bridge_recipe_names():
+        raise UsageError(f"recipe {name!r}: [bridge] recipe must be one of {', '.join(bridge_recipe_names())} "
+                         f"(more through the entry point group {ENTRY_POINT_GROUP})")
     if backend == "mcore" and data["precision"] not in MCORE_PRECISIONS:
         raise UsageError(f"recipe {name!r}: mcore precision must be one of {', '.join(MCORE_PRECISIONS)}")
     values = {key: value for key, value in data.items() if key in _FIELDS}

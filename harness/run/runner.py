@@ -75,12 +75,14 @@ class Launcher:
     kind: str = "local"
     rdzv_endpoint: str | None = None
     python: str = "python"
+    srun_args: tuple[str, ...] = ()  # e.g. pyxis --container-image, from `launch --container-image`
 
     def commands(self, recipe: Recipe, row_dir: Path, rdzv_id: str) -> list[list[str]]:
         if self.kind == "local":
             return local_commands(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id)
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
-        return [slurm_command(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id, host, int(port), self.python)]
+        return [slurm_command(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id, host, int(port), self.python,
+                              self.srun_args)]
 
 
 def check_labels(rows: list[str]) -> None:

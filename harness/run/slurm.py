@@ -1,7 +1,14 @@
 """The sbatch script for a multi-node sweep: slurm allocates the nodes, the runner drives one
 ``srun`` step per row (one task per node, each a torchrun joined by a c10d rendezvous on the first
 node), and writes the records exactly as on one host. The sweep directory must be on a filesystem
-every node shares (the ranks' evidence is read from it)."""
+every node shares (the ranks' evidence is read from it).
+
+With ``container_image`` every srun step runs in that image through pyxis/enroot (``srun
+--container-image``, as NeMo-Run's Slurm executor does); the batch script itself stays outside, because a
+containerised batch script cannot call srun. The image's own python runs the ranks, so it needs the
+harness importable (installed with ``--no-deps``, or this checkout mounted: the work directory and the
+sweep directory are mounted at the same paths). With ``golden_dir`` the script compares the sweep's
+records with their golden after the run and exits non-zero when either failed."""
 
 from __future__ import annotations
 
@@ -19,9 +26,23 @@ class SlurmOptions:
     time: str = "02:00:00"
     port: int = 29500
     setup: str | None = None  # a shell line run first on the batch node, e.g. "source /path/venv/bin/activate"
+    container_image: str | None = None  # pyxis --container-image for every srun step
+    container_mounts: tuple[str, ...] = ()  # extra SRC:DST[:FLAGS] beyond the work and sweep directories
+    golden_dir: Path | None = None  # compare the records with their golden after the run
 
 
-def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOptions, workdir: Path) -> str:
+def container_srun_args(options: SlurmOptions, workdir: Path, out: Path) -> list[str]:
+    """pyxis flags for each srun step; none without an image."""
+    if not options.container_image:
+        return []
+    mounts = [f"{workdir}:{workdir}", f"{out}:{out}", *options.container_mounts]
+    return [f"--container-image={options.container_image}", f"--container-mounts={','.join(mounts)}",
+            f"--container-workdir={workdir}", "--no-container-mount-home"]
+
+
+def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOptions, workdir: Path,
+                  recipe_source: str | None = None) -> str:
+    """``recipe_source``: what ``--recipe`` was given (a recipe file's path), when not the packaged name."""
     directives = [
         f"--job-name=recompute-{recipe.name}",
         f"--nodes={recipe.nnodes}",
@@ -35,10 +56,21 @@ def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOpti
         directives.append(f"--partition={options.partition}")
     if options.account:
         directives.append(f"--account={options.account}")
-    run = ["recompute-harness", "run", "--recipe", recipe.name, "--launcher", "slurm", "--out", str(out)]
+    run = ["recompute-harness", "run", "--recipe", recipe_source or recipe.name, "--launcher", "slurm", "--out", str(out)]
     if tuple(rows) != recipe.rows:
         run += ["--rows", *rows]  # the [] control included: a control-only sweep still names a row
+    run += [f"--srun-arg={arg}" for arg in container_srun_args(options, workdir, out)]
     command = " ".join(shlex.quote(part) for part in run) + f' --rdzv-endpoint "$HEAD:{options.port}"'
+    if options.golden_dir is not None:
+        compare = ["recompute-harness", "compare", "--golden-dir", str(options.golden_dir)]
+        command = "\n".join([
+            "status=0",
+            f"{command} || status=$?",
+            "# The sweep just written is the newest of this recipe under the sweep directory.",
+            f'records="$(ls -1td {shlex.quote(str(out))}/{shlex.quote(recipe.name)}-*/records | head -n 1)"',
+            " ".join(shlex.quote(part) for part in compare) + ' "$records" || status=$?',
+            'exit "$status"',
+        ])
     lines = [
         "#!/bin/bash",
         f"# {recipe.description}",

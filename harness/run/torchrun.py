@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,7 +79,7 @@ def local_commands(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str
 
 
 def slurm_command(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str, head: str, port: int,
-                  python: str = "python") -> list[str]:
+                  python: str = "python", srun_args: Sequence[str] = ()) -> list[str]:
     """One ``srun`` step, one task per node, each running torchrun; the c10d store lives on ``head``."""
     torchrun = " ".join([
         python, *_torchrun_args(nnodes, nproc_per_node, f"{head}:{port}", rdzv_id),
@@ -87,7 +87,7 @@ def slurm_command(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str,
         "-m", "harness.run.worker", str(row_dir),
     ])
     return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL",
-            "bash", "-c", f"exec {torchrun}"]
+            *srun_args, "bash", "-c", f"exec {torchrun}"]
 
 
 def processes_with_token(token: str) -> list[int]:

@@ -1,4 +1,4 @@
-"""The one-call golden check for tests (harness.testing) and the fixture that wraps it."""
+"""The one-call golden check for tests (harness.testing) and the plugin fixture that wraps it."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ def test_check_against_golden_records_junit_properties_and_raises_with_the_table
         check_against_golden([run_record(revisions=bumped)], tmp_path / "golden")
 
 
-def test_golden_check_fixture_passes_on_the_seed_records(golden_check):
-    from harness.record.io import load_records
-
-    comparison = golden_check(load_records([RECORDS_DIR / "seed-moonlight-full-8gpu.json"]))
+def test_recompute_golden_fixture_passes_on_the_seed_records(recompute_golden):
+    # The plugin's fixture (harness/pytest_plugin.py), taking a record path as a foreign repo would.
+    comparison = recompute_golden.check([RECORDS_DIR / "seed-moonlight-full-8gpu.json"])
     # the control: outcome + 7 absolute metrics; each other row: outcome + 3 effects + 2 counts
     assert comparison.passed and len(comparison.checks) == 8 + 5 * 6

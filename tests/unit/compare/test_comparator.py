@@ -161,3 +161,21 @@ def test_the_cards_own_rows_pass_their_re_transcribed_goldens():
         assert loaded.judges_effects and loaded.peak_scope in ("rank0", "dp-rank0")
         records = load_records([RECORDS_DIR / f"seed-{loaded.recipe}.json"])
         assert compare_records(loaded, records, str(golden)).passed
+def test_a_golden_pinned_by_commit_and_sources_matches_either(tmp_path, capsys):
+    # Bridge's submodule reports a commit; a wheel of the same sources only version + fingerprint.
+    both = copy.deepcopy(REVISIONS)
+    both["megatron_core"]["commit"] = "24bad8e677d22625d86ef2a54c9506b6e4992c93"
+    assert refresh(tmp_path, run_record(revisions=both)) == 0
+    (path,) = (tmp_path / "golden").glob("*.json")
+    golden = load_golden(path)
+    assert golden.pins["megatron_core"] == both["megatron_core"]
+    wheel = copy.deepcopy(both)
+    wheel["megatron_core"]["commit"] = None
+    patched = copy.deepcopy(both)
+    patched["megatron_core"]["fingerprint"] = "0123456789abcdef"  # same commit, local edit elsewhere
+    for revisions in (wheel, patched):
+        assert compare_records(golden, [run_record(revisions=revisions)], str(path)).passed
+    other = copy.deepcopy(wheel)
+    other["megatron_core"]["fingerprint"] = "0123456789abcdef"
+    with pytest.raises(UsageError, match="megatron_core.commit 24bad8e6.* != None.*megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef"):
+        compare_records(golden, [run_record(revisions=other)], str(path))

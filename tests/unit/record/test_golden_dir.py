@@ -50,3 +50,38 @@ def test_newest_like_prefers_the_same_file_then_the_newest_other_revision(tmp_pa
     other = root / first.name.replace("mcore-", "mcore-other-", 1)
     assert newest_like(other)[0] == first
 
+
+
+def test_a_golden_dir_that_does_not_exist_is_one_line_exit_2(tmp_path, capsys):
+    records = write_records(tmp_path, run_record())
+    assert main(["compare", "--golden-dir", str(tmp_path / "missing"), *records]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"golden directory {tmp_path / 'missing'} does not exist" in err
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.slow
+def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_them(tmp_path):
+    import subprocess
+    import sys
+
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--target", str(target), str(CHECKOUT_ROOT.parents[1])], check=True, capture_output=True, timeout=300)
+    shipped = target / "harness" / "data" / "golden"
+    assert not shipped.is_symlink()  # a real copy in the install, the checkout's tests/golden its source
+    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*.json")) == \
+        sorted(p.relative_to(CHECKOUT_ROOT) for p in CHECKOUT_ROOT.rglob("*.json"))
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target)}
+    root = subprocess.run([sys.executable, "-c", "from harness.record.golden_dir import golden_root; print(golden_root())"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert root.stdout.strip() == str(shipped), root.stderr
+    records = write_records(tmp_path, run_record())
+    refused = subprocess.run([sys.executable, "-m", "harness.cli", "golden", "refresh", *records],
+                             cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "refusing to write into the goldens shipped with the package" in refused.stderr
+    assert sorted(p.name for p in shipped.glob("*.json")) == sorted(p.name for p in CHECKOUT_ROOT.glob("*.json"))
+    assert list(work.iterdir()) == []  # no ./tests/golden, nothing at all in the working directory

@@ -229,3 +229,54 @@ def test_cli_refuses_bad_input_before_launching(tmp_path, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recompute-harness: error: ")]
     assert len(errors) == 4  # one line each (torch's import-time warnings may share stderr)
     assert list(tmp_path.iterdir()) == []  # nothing launched, nothing written
+
+
+def test_a_recipe_file_anywhere_loads_with_a_packaged_or_relative_base(tmp_path, capsys):
+    own = tmp_path / "bridge-repo" / "recipes"
+    own.mkdir(parents=True)
+    (own / "tiny-base.toml").write_text('base = "cpu-moonlight-ep2"\nrows = ["[]", "core_attn"]\n')
+    (own / "my-ep2.toml").write_text('base = "tiny-base.toml"\ntrain_iters = 5\nsteady_window = [2, 5]\n')
+    recipe = load_recipe(str(own / "my-ep2.toml"))
+    assert recipe.name == "my-ep2"  # records and goldens are named after the file
+    assert recipe.rows == ("[]", "core_attn") and recipe.train_iters == 5 and recipe.parallelism.ep == 2
+    (own / "typo.toml").write_text('base = "cpu-moonlight-ep2"\ntrain_iter = 5\n')
+    (own / "loop.toml").write_text('base = "loop.toml"\n')
+    assert main(["run", "--recipe", str(own / "typo.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["run", "--recipe", str(own / "loop.toml"), "--out", str(tmp_path / "out")]) == 2
+    assert main(["run", "--recipe", str(own / "absent.toml"), "--out", str(tmp_path / "out")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("recompute-harness: error: ")]
+    assert "unknown key(s) train_iter" in errors[0] and "circular base chain" in errors[1]
+    assert "absent.toml" in errors[2] and len(errors) == 3
+    assert not (tmp_path / "out").exists()
+
+
+def test_bridge_builders_are_open_through_an_entry_point_group(tmp_path, monkeypatch):
+    from harness.run import recipes
+
+    # A Bridge repo's own distribution, as pip would install it: metadata with an entry point.
+    dist = tmp_path / "my_bridge_recipes-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-bridge-recipes\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[{recipes.ENTRY_POINT_GROUP}]\nllama_tiny = my_recipes:llama_tiny\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert recipes.bridge_recipe_names() == [*recipes.BRIDGE_RECIPES, "llama_tiny"]
+    assert recipes.bridge_builders()["llama_tiny"].value == "my_recipes:llama_tiny"
+
+
+def test_slurm_script_runs_steps_in_a_container_and_compares_after_the_run(tmp_path):
+    recipe = load_recipe("nemotron-3-nano-full-16gpu")
+    options = SlurmOptions(container_image="nvcr.io#nvidia/nemo:25.09", container_mounts=("/data:/data",),
+                           golden_dir=tmp_path / "goldens")
+    script = sbatch_script(recipe, tmp_path / "out", list(recipe.rows), options, tmp_path / "work")
+    line = next(line for line in script.splitlines() if line.startswith("recompute-harness run"))
+    from harness.commands import run as run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.add_arguments(parser)
+    args = parser.parse_args(shlex.split(line.split(" || ")[0])[2:])
+    assert args.srun_arg[0] == "--container-image=nvcr.io#nvidia/nemo:25.09"
+    assert f"--container-mounts={tmp_path / 'work'}:{tmp_path / 'work'},{tmp_path / 'out'}:{tmp_path / 'out'},/data:/data" in args.srun_arg
+    command = slurm_command(tmp_path, 2, 8, "job-7", "node-a", 29500, "python", tuple(args.srun_arg))
+    assert command.index("--container-image=nvcr.io#nvidia/nemo:25.09") < command.index("bash")
+    assert f"recompute-harness compare --golden-dir {tmp_path / 'goldens'}" in script
+    assert script.rstrip().endswith('exit "$status"')
