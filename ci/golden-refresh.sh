@@ -23,7 +23,7 @@ for recipe in "${recipes[@]}"; do
   ./venv-run recompute-harness run --recipe "$recipe" --out "$out" || true
 done
 for records in "$out"/*/records; do
-  ./venv-run recompute-harness golden refresh --golden-dir tests/golden --dry-run "$records"
+  # The real refresh prints (and puts in the step summary) the same diff a dry run would: once, not twice.
   ./venv-run recompute-harness golden refresh --golden-dir tests/golden "$records"
 done
 git -C "$root" status --short tests/golden

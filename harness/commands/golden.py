@@ -12,6 +12,7 @@ from harness.errors import EXIT_OK
 from harness.record.golden_dir import golden_root, writable
 from harness.record.io import load_records
 from harness.record.refresh import plan_refresh, write_refresh
+from harness.report.json_report import dumps
 from harness.report.markdown import emit, refresh_markdown
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_golden_dir(refresh)
     refresh.add_argument("--allow-failed", action="store_true", help="accept rows that did not complete (expected OOMs)")
     refresh.add_argument("--allow-partial", action="store_true", help="accept a set missing rows of the previous golden")
-    refresh.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
+    refresh.add_argument("--dry-run", action="store_true", help="print the diff, write nothing (marked as a dry run)")
+    refresh.add_argument("--json", action="store_true",
+                         help="print what was (or would be) written as JSON instead of markdown; no step summary")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,6 +33,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run:
         writable(golden_root(args.golden_dir))
         write_refresh(plans)
+    if args.json:
+        print(dumps({"dry_run": args.dry_run, "goldens": [{
+            "path": str(plan.path), "written": not args.dry_run,
+            "previous": None if plan.previous is None else str(plan.previous),
+            "diff": [{"row": row, "metric": metric, "old": old, "new": new, "delta_pct": delta}
+                     for row, metric, old, new, delta in plan.diff],
+        } for plan in plans]}))
+        return EXIT_OK
     for plan in plans:
-        emit(refresh_markdown(str(plan.path), plan.diff, None if plan.previous is None else str(plan.previous)))
+        emit(refresh_markdown(str(plan.path), plan.diff, None if plan.previous is None else str(plan.previous),
+                              dry_run=args.dry_run))
     return EXIT_OK

@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+
+if TYPE_CHECKING:  # the runner imports torch's launcher: only when a sweep runs
+    from harness.run.runner import RowResult
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: torchrun per node on this host; slurm: srun + torchrun inside an sbatch "
                              "allocation (what `launch --slurm` writes)")
     parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="slurm launcher: the c10d rendezvous endpoint")
+    parser.add_argument("--json", action="store_true",
+                        help="print the records' place, each row's outcome and the analysis as one JSON object")
     parser.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
                         help="slurm launcher: an extra srun flag for every row's step (repeatable), e.g. "
                              "--srun-arg=--container-image=IMG; with a container image the ranks run its python")
@@ -71,21 +77,30 @@ def run(args: argparse.Namespace) -> int:
     contained = any(arg.startswith("--container-image") for arg in args.srun_arg)
     launcher = Launcher(args.launcher, args.rdzv_endpoint, "python" if contained else sys.executable, tuple(args.srun_arg))
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
-    with sigterm_as_exit(), LiveProgress(recipe.name, rows) as progress:
+    with sigterm_as_exit(), LiveProgress(recipe.name, rows, recipe.train_iters) as progress:
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
                                        stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher,
                                        checked=True)
-    print(f"records: {directory / 'records'}")
-    _analysis(directory, [result.record for result in results])
+    _report(directory, results, args.json)
     return EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED
 
 
-def _analysis(directory: Path, records: list[dict]) -> None:
+def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
+    """The records' place, the analysis against the control and its plot: markdown, or one JSON object."""
     from harness.compare.analysis import analyse
+    from harness.report.json_report import analysis_json, dumps
     from harness.report.markdown import analysis_markdown, emit
     from harness.report.plot import plot_analysis
 
-    analysis = analyse(records)
+    analysis = analyse([result.record for result in results])
+    plot = directory / "analysis.png"
+    plot_analysis(analysis, plot)
+    if as_json:
+        print(dumps({"records": str(directory / "records"), "plot": str(plot),
+                     "rows": [{"row": result.row, "status": result.outcome.status, "record": str(result.record_path)}
+                              for result in results],
+                     "analysis": analysis_json(analysis)}))
+        return
+    print(f"records: {directory / 'records'}")
     emit(analysis_markdown(analysis))
-    plot_analysis(analysis, directory / "analysis.png")
-    print(f"plot: {directory / 'analysis.png'}")
+    print(f"plot: {plot}")

@@ -79,6 +79,11 @@ def records_in(data: Any, source: str) -> list[Any]:
     return [data]
 
 
+def _is_probe_output(item: Any) -> bool:
+    """The shape ``probe --json`` prints (``harness.probe.table.probe_json``): a common mistake to name."""
+    return isinstance(item, dict) and "schema" not in item and {"model", "rows", "seq_length"} <= set(item)
+
+
 def load_records(paths: Iterable[Path | str]) -> list[Record]:
     """Load and validate every record in ``paths`` (files or directories of ``*.json``).
 
@@ -92,6 +97,10 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
     for path in files:
         data = read_json(path)
         items = records_in(data, str(path))
+        if any(_is_probe_output(item) for item in items):
+            raise UsageError(f"{path} is `probe --json` output (per-label probe tables), not run records; "
+                             "use `recompute-harness probe --check-golden` for probes, and give this command "
+                             "the records/ directory of a `recompute-harness run` sweep")
         for i, item in enumerate(items):
             loaded.append((str(path) if len(items) == 1 else f"{path}[{i}]", item))
     versions = {item.get("schema_version") for _, item in loaded if isinstance(item, dict) and item.get("schema") == SCHEMA}

@@ -92,9 +92,12 @@ def selection_markdown(selection: Selection) -> str:
     return head + "\n\n" + table(("recompute", "why not chosen"), selection.considered)
 
 
-def refresh_markdown(path: str, diff: Sequence[tuple[str, str, Any, Any, float | None]], previous: str | None) -> str:
-    """The diff for a Megatron Core bump's pull request: per row and metric, old → new, Δ%."""
+def refresh_markdown(path: str, diff: Sequence[tuple[str, str, Any, Any, float | None]], previous: str | None,
+                     dry_run: bool = False) -> str:
+    """The diff for a Megatron Core bump's pull request: per row and metric, old → new, Δ%. A dry run
+    says so in its heading, so its step-summary section is never mistaken for the written golden."""
     base = f"previous golden: `{previous}`" if previous else "no previous golden for this recipe and hardware"
     rows = [(label, metric, format_value(metric, old), format_value(metric, new), _pct(delta))
             for label, metric, old, new, delta in diff]
-    return f"### Golden refresh: `{path}`\n\n{base}\n\n" + table(("row", "metric", "old", "new", "Δ%"), rows)
+    heading = "Golden refresh (dry run: nothing written)" if dry_run else "Golden refresh"
+    return f"### {heading}: `{path}`\n\n{base}\n\n" + table(("row", "metric", "old", "new", "Δ%"), rows)

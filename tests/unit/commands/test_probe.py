@@ -29,9 +29,15 @@ def test_probe_prints_the_table(capsys):
     assert "where the retained activation bytes are" in out
 
 
-def test_probe_json(capsys):
+def test_probe_json(capsys, tmp_path):
     import json
 
     assert main(["probe", "--model", "nemotron-tiny", "--modules", "mlp", "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    data = json.loads(out)
     assert [row["status"] for row in data[0]["rows"]] == ["control", "inactive"]
+    # Fed to analyze (a natural mistake), the refusal says what to use instead.
+    (tmp_path / "probe.json").write_text(out)
+    assert main(["analyze", str(tmp_path / "probe.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is `probe --json` output" in err and "probe --check-golden" in err

@@ -85,3 +85,19 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
     assert "refusing to write into the goldens shipped with the package" in refused.stderr
     assert sorted(p.name for p in shipped.glob("*.json")) == sorted(p.name for p in CHECKOUT_ROOT.glob("*.json"))
     assert list(work.iterdir()) == []  # no ./tests/golden, nothing at all in the working directory
+
+
+def test_refresh_json_and_a_dry_run_marked_as_such_in_the_step_summary(tmp_path, monkeypatch, capsys):
+    import json
+
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    records = write_records(tmp_path, run_record())
+    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "g"), "--dry-run", *records]) == 0
+    assert "(dry run: nothing written)" in capsys.readouterr().out
+    assert "### Golden refresh (dry run: nothing written)" in summary.read_text()
+    assert not (tmp_path / "g").exists()
+    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "g"), "--json", *records]) == 0
+    (written,) = json.loads(capsys.readouterr().out)["goldens"]
+    assert written["written"] and (tmp_path / "g" / written["path"].split("/")[-1]).is_file()
+    assert summary.read_text().count("### Golden refresh") == 1  # --json leaves the step summary alone
