@@ -39,7 +39,13 @@ def golden_root(option: Path | str | None = None) -> Path:
         if str(value) == "":
             raise UsageError(f"{what} is empty; name a golden directory")
         return Path(value)
-    return CHECKOUT_ROOT if CHECKOUT_ROOT.is_dir() else PACKAGED_ROOT
+    return CHECKOUT_ROOT if in_checkout() else PACKAGED_ROOT
+
+
+def in_checkout() -> bool:
+    """Whether this harness runs from a source checkout (editable install, PYTHONPATH), not site-packages.
+    Checked by the checkout's pyproject.toml too: some packages install a stray top-level ``tests/``."""
+    return CHECKOUT_ROOT.is_dir() and (CHECKOUT_ROOT.parents[1] / "pyproject.toml").is_file()
 
 
 def existing(root: Path) -> Path:
@@ -52,7 +58,7 @@ def existing(root: Path) -> Path:
 def writable(root: Path) -> Path:
     """``root`` unless it is the read-only copy shipped inside the installed package."""
     resolved = Path(root).resolve()
-    if not CHECKOUT_ROOT.is_dir() and (resolved == PACKAGED_ROOT or PACKAGED_ROOT in resolved.parents):
+    if not in_checkout() and (resolved == PACKAGED_ROOT or PACKAGED_ROOT in resolved.parents):
         raise UsageError(f"refusing to write into the goldens shipped with the package ({PACKAGED_ROOT}); "
                          f"name a directory with --golden-dir or ${ENV_VAR}")
     return Path(root)

@@ -85,6 +85,9 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
     assert "refusing to write into the goldens shipped with the package" in refused.stderr
     assert sorted(p.name for p in shipped.glob("*.json")) == sorted(p.name for p in CHECKOUT_ROOT.glob("*.json"))
     assert list(work.iterdir()) == []  # no ./tests/golden, nothing at all in the working directory
+    # The same install registers the pytest plugin for any repo's test run (entry point pytest11).
+    (entry_points,) = target.glob("recompute_harness-*.dist-info/entry_points.txt")
+    assert "[pytest11]\nharness.pytest_plugin = harness.pytest_plugin" in entry_points.read_text()
 
 
 def test_refresh_json_and_a_dry_run_marked_as_such_in_the_step_summary(tmp_path, monkeypatch, capsys):
