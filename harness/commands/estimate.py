@@ -35,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     check_estimable(recipe)
     for row in args.rows or ():
         RecomputeFields.parse(row)
+    if args.write_golden and not args.out:  # refused before measuring: never into an installed package's copy
+        from harness.record.golden_dir import golden_root, writable
+
+        writable(golden_root(args.golden_dir))
     try:
         result = estimate(recipe, args.rows, args.attention_backend)
     except RuntimeError as exc:
