@@ -132,16 +132,22 @@ class TinyModel:
     micro_batch_size: int
     device: torch.device
 
+    def __post_init__(self) -> None:
+        # The causal mask (True = masked) and positions are the same for every batch: built once, on the
+        # model's device. Rebuilt per micro-batch they cost a seq² triu on the host and a host-to-device
+        # copy inside every timed step (70-90 ms at seq 4096 on one CPU thread).
+        self._causal = torch.triu(torch.ones(self.seq_length, self.seq_length, dtype=torch.bool, device=self.device),
+                                  diagonal=1)[None, None]
+        self._positions = torch.arange(self.seq_length, device=self.device).expand(self.micro_batch_size, -1).contiguous()
+
     def batch(self, seed: int = 0) -> dict[str, torch.Tensor]:
-        """Deterministic tokens, positions, causal mask (True = masked) and labels."""
+        """Deterministic tokens and labels (drawn on the host: the same on every device), positions and
+        the causal mask (True = masked)."""
         generator = torch.Generator().manual_seed(seed)
         shape = (self.micro_batch_size, self.seq_length + 1)
-        tokens = torch.randint(0, self.style.vocab_size, shape, generator=generator)
-        causal = torch.triu(torch.ones(self.seq_length, self.seq_length, dtype=torch.bool), diagonal=1)
-        positions = torch.arange(self.seq_length).expand(self.micro_batch_size, -1)
-        return {name: tensor.to(self.device) for name, tensor in {
-            "input_ids": tokens[:, :-1].contiguous(), "position_ids": positions.contiguous(),
-            "attention_mask": causal[None, None], "labels": tokens[:, 1:].contiguous()}.items()}
+        tokens = torch.randint(0, self.style.vocab_size, shape, generator=generator).to(self.device)
+        return {"input_ids": tokens[:, :-1].contiguous(), "position_ids": self._positions,
+                "attention_mask": self._causal, "labels": tokens[:, 1:].contiguous()}
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean token loss: the scalar the probe differentiates."""

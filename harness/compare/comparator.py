@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from harness.errors import UsageError
 from harness.record.effects import matched_control
-from harness.record.golden import Golden, golden_values, pin_differences
+from harness.record.golden import Golden, golden_values, pin_differences, workload_identity
 from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
@@ -77,6 +77,10 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
     for key, value in record.hardware.profile().items():
         if value != golden.hardware[key]:
             differences.append(f"hardware.{key} {golden.hardware[key]} != {value}")
+    as_run = workload_identity(record) or {}
+    for key, value in (golden.workload or {}).items():
+        if as_run.get(key) != value:
+            differences.append(f"workload.{key} {value} != {as_run.get(key)}")
     pins = record.pins()
     for key, pinned in golden.pins.items():
         differences += pin_differences(key, pinned, pins[key])

@@ -46,9 +46,11 @@ def iteration_row(
     return IterationRow(iteration, step_time_ms, None if nan else loss, tflops_per_gpu, skipped, nan)
 
 
-def rank_peaks(rank: int, peaks: Mapping[int, tuple[int, int | None]]) -> RankPeaks:
-    """A rank's ``(max_memory_allocated, max_memory_reserved)`` read after each iteration's optimizer step."""
-    return RankPeaks(rank, [PeakReading(it, alloc, reserved) for it, (alloc, reserved) in sorted(peaks.items())])
+def rank_peaks(rank: int, peaks: Mapping[int, tuple[int, int | None] | tuple[int, int | None, int | None]]) -> RankPeaks:
+    """A rank's ``(max_memory_allocated, max_memory_reserved[, device used])`` read after each iteration's
+    optimizer step; the device memory in use (``mem_get_info``: total - free) is kept when measured."""
+    return RankPeaks(rank, [PeakReading(it, reading[0], reading[1], reading[2] if len(reading) > 2 else None)
+                            for it, reading in sorted(peaks.items())])
 
 
 def headline(

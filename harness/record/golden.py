@@ -61,6 +61,8 @@ class Golden:
     # Whose peaks the values are (``harness.record.effects.SCOPES``); None: written before scopes
     # were stated, i.e. the hottest rank's.
     peak_scope: str | None = None
+    # As-run workload facts (WORKLOAD_IDENTITY_KEYS); None in goldens written before them and transcribed ones.
+    workload: dict[str, str | None] | None = None
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> "Golden":
@@ -68,12 +70,14 @@ class Golden:
         rows = [GoldenRow(row["label"], RecomputeFields.from_dict(row["recompute"]), dict(row["outcome"]),
                           dict(row["values"]), row.get("record")) for row in data["rows"]]
         return cls(data["kind"], data["recipe"], dict(data["hardware"]), data["pins"], dict(data["provenance"]),
-                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows, data.get("peak_scope"))
+                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows, data.get("peak_scope"),
+                   None if data.get("workload") is None else dict(data["workload"]))
 
     def to_json(self) -> dict[str, Any]:
         data = {
             "schema": GOLDEN_SCHEMA, "schema_version": GOLDEN_SCHEMA_VERSION, "kind": self.kind,
             "recipe": self.recipe, "hardware": dict(self.hardware), "pins": self.pins,
+            **({} if self.workload is None else {"workload": dict(self.workload)}),
         }
         if self.peak_scope is not None:
             data["peak_scope"] = self.peak_scope
@@ -104,6 +108,20 @@ def golden_values(record: Record, scope: str | None = None, control: Record | No
     if scope is not None:
         values.update(scoped_peaks(record, scope))
     return {**(effects(record, control, scope) if control is not None else {}), **values}
+
+
+# How a measured run actually ran, beyond its recipe: the attention back end and MoE token dispatcher
+# the ranks reported (HybridEP's buffers live outside the torch allocator, alltoall's inside: a
+# fallback shifts every peak, so it is another workload, not a regression).
+WORKLOAD_IDENTITY_KEYS = ("attention_backend", "moe_dispatcher")
+
+
+def workload_identity(record: Record) -> dict[str, str | None] | None:
+    """The record's as-run workload facts; None for kinds that carry none (CPU probes, transcriptions)."""
+    if record.kind != "run":
+        return None
+    return {"attention_backend": record.workload.attention_backend,
+            "moe_dispatcher": record.workload.extra.get("moe_dispatcher")}
 
 
 def pin_slug(pins: dict[str, Any]) -> str:
@@ -161,13 +179,15 @@ def golden_from_records(
     if not records:
         raise UsageError("no records to build a golden from")
     first = records[0]
-    identity = (first.kind, first.workload.recipe, first.hardware.profile(), first.pins())
+    identity = (first.kind, first.workload.recipe, first.hardware.profile(), first.pins(), workload_identity(first))
     for record in records[1:]:
-        other = (record.kind, record.workload.recipe, record.hardware.profile(), record.pins())
+        other = (record.kind, record.workload.recipe, record.hardware.profile(), record.pins(),
+                 workload_identity(record))
         if other != identity:
             raise UsageError(
-                f"record {record.id}: kind, recipe, hardware or pins differ from record {first.id}; "
-                "a golden covers one recipe × hardware × revision pin"
+                f"record {record.id}: kind, recipe, hardware, pins or as-run workload (attention back end, "
+                f"MoE dispatcher) differ from record {first.id}; a golden covers one recipe × hardware × "
+                "revision pin × workload"
             )
     scope = None
     control = None
@@ -184,7 +204,7 @@ def golden_from_records(
     golden = Golden(
         kind=first.kind, recipe=first.workload.recipe, hardware=first.hardware.profile(), pins=first.pins(),
         provenance={**provenance, "versions": first.revisions.to_json(), "records": [r.id for r in records]},
-        tolerance=policy, rows=rows, peak_scope=scope,
+        tolerance=policy, rows=rows, peak_scope=scope, workload=identity[4],
     )
     validate_golden(golden.to_json(), "new golden")
     return golden
@@ -213,6 +233,10 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
               *(pins[key] for key in ("torch", "transformer_engine", "cuda"))]
     if not (bridge is None or isinstance(bridge, dict)) or any(v is not None and not isinstance(v, str) for v in pinned):
         fail("pins: every pin is a string or null")
+    workload = golden.get("workload")  # optional: goldens written before it, and transcribed ones, lack it
+    if workload is not None and (not isinstance(workload, dict) or set(workload) != set(WORKLOAD_IDENTITY_KEYS)
+                                 or any(v is not None and not isinstance(v, str) for v in workload.values())):
+        fail(f"workload: expected {', '.join(WORKLOAD_IDENTITY_KEYS)}, each a string or null")
     hardware = golden["hardware"]
     if not isinstance(hardware, dict) or not isinstance(hardware.get("device"), str) or not isinstance(hardware.get("gpu_count"), int):
         fail("hardware: needs device and gpu_count")

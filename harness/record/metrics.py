@@ -141,12 +141,16 @@ METRICS: tuple[Metric, ...] = (
     # --- per iteration (metrics.iterations[]) ----------------------------------------------------------
     Metric("step_time_ms", "ms", "lower", "per-iteration", "slowest rank's step time", golden=False),
     Metric("loss", "loss", "exact", "per-iteration", "rank 0's world-reduced loss (null when NaN)", golden=False),
-    Metric("tflops_per_gpu", "TFLOP/s", "higher", "per-iteration", "mean over ranks", golden=False),
+    Metric("tflops_per_gpu", "TFLOP/s", "higher", "per-iteration",
+           "the iteration's model FLOPs / the same slowest-rank step time / world size", golden=False),
     # --- per rank (metrics.ranks[].peaks[]) -------------------------------------------------------------
     Metric("allocated_bytes", "bytes", "lower", "per-rank", "max_memory_allocated() after the iteration",
            nullable=False, golden=False),
     Metric("reserved_bytes", "bytes", "lower", "per-rank", "max_memory_reserved() after the iteration",
            golden=False),
+    Metric("device_used_bytes", "bytes", "lower", "per-rank",
+           "torch.cuda.mem_get_info() total - free at the same point: also what the caching allocator never "
+           "sees (CUDA context, NCCL and DeepEP/HybridEP buffers)", nullable=False, required=False, golden=False),
     # --- effects: a row against the matched [] control of the same set (record/effects.py) ------------
     # Judged first: paired within one sweep, they cancel most machine drift, and they are what a
     # recompute regression is (a label that saves less or costs more).

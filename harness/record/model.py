@@ -154,9 +154,13 @@ class PeakReading:
     iteration: int
     allocated_bytes: int
     reserved_bytes: int | None
+    device_used_bytes: int | None = None  # optional (metrics registry): mem_get_info's total - free
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes}
+        data = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes}
+        if self.device_used_bytes is not None:
+            data["device_used_bytes"] = self.device_used_bytes
+        return data
 
 
 @dataclass

@@ -22,7 +22,9 @@ KINDS = ("run", "cpu-probe", "reference")
 BACKENDS = ("bridge", "mcore", "cpu-probe")
 STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed")
 # Listed in the order a training step reaches them: the order ranks how far a failed run got.
-PHASES = ("model-build", "forward", "backward", "grad-sync", "optimizer-init", "optimizer-step")
+# ``cuda-graph-capture``: Bridge captures TE CUDA graphs between two steps (after
+# ``cuda_graph_warmup_steps``), reported as the start of the step that first replays them.
+PHASES = ("model-build", "cuda-graph-capture", "forward", "backward", "grad-sync", "optimizer-init", "optimizer-step")
 # Whose peak the headline is: the hottest rank, rank 0, the hottest data-parallel rank-0 rank, or none.
 PEAK_SCOPES = ("all-ranks", "rank0", "dp-rank0", "unreported")
 PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
@@ -34,11 +36,12 @@ _HEADLINE_METRICS = metrics_in("headline")
 _HEADLINE_REQUIRED = tuple(m.name for m in _HEADLINE_METRICS if m.required) + ("peak_rank", "peak_scope")
 _HEADLINE_OPTIONAL = tuple(m.name for m in _HEADLINE_METRICS if not m.required)
 _PROBE_REQUIRED = tuple(m.name for m in metrics_in("probe") if m.required)
-_PEAK_KEYS = ("iteration", *(m.name for m in metrics_in("per-rank")))
+_PEAK_KEYS = ("iteration", *(m.name for m in metrics_in("per-rank") if m.required))
+_PEAK_OPTIONAL_KEYS = tuple(m.name for m in metrics_in("per-rank") if not m.required)
 _ITERATION_KEYS = ("iteration", *(m.name for m in metrics_in("per-iteration")), "skipped", "nan")
 _ITERATION_MEASURES = tuple(m.name for m in metrics_in("per-iteration") if m.better != "exact")
 # The same keys as sets, for the fast path that checks the bulk of a record's rows.
-_PEAK_KEY_SET = frozenset(_PEAK_KEYS)
+_PEAK_KEY_SETS = (frozenset(_PEAK_KEYS), frozenset(_PEAK_KEYS + _PEAK_OPTIONAL_KEYS))
 _ITERATION_KEY_SET = frozenset(_ITERATION_KEYS)
 
 TOP_LEVEL_KEYS = (
@@ -262,19 +265,21 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
         ranks_seen.add(rank["rank"])
         peak_iterations: set[int] = set()
         for j, peak in enumerate(check.array(rank["peaks"], f"{path}.peaks")):
-            if (type(peak) is dict and peak.keys() == _PEAK_KEY_SET and _is_count(peak["iteration"])
+            if (type(peak) is dict and peak.keys() in _PEAK_KEY_SETS and _is_count(peak["iteration"])
                     and _is_count(peak["allocated_bytes"]) and _is_count(peak["reserved_bytes"])
-                    and peak["iteration"] not in peak_iterations):
+                    and _is_count(peak.get("device_used_bytes", 0)) and peak["iteration"] not in peak_iterations):
                 peak_iterations.add(peak["iteration"])  # fast path for the bulk of a record
                 continue
             ppath = f"{path}.peaks[{j}]"
-            check.obj(peak, ppath, _PEAK_KEYS)
+            check.obj(peak, ppath, _PEAK_KEYS, _PEAK_OPTIONAL_KEYS)
             check.integer(peak["iteration"], f"{ppath}.iteration")
             if peak["iteration"] in peak_iterations:
                 check.fail(ppath, f"duplicated row for iteration {peak['iteration']}")
             peak_iterations.add(peak["iteration"])
             check.integer(peak["allocated_bytes"], f"{ppath}.allocated_bytes")
             check.integer(peak["reserved_bytes"], f"{ppath}.reserved_bytes", nullable=True)
+            if "device_used_bytes" in peak:
+                check.integer(peak["device_used_bytes"], f"{ppath}.device_used_bytes")
     window = metrics["steady_window"]
     if window is not None:
         check.obj(window, "metrics.steady_window", ("first", "last"))

@@ -2,16 +2,23 @@
 
 A rank that dies cannot write its record, so the runner writes every record — completed or not —
 through ``harness.record``'s constructors. Per iteration: the slowest rank's step time, rank 0's
-loss (already the world mean), NaN/skipped if any rank says so. Per rank: the allocator peaks read
-after each iteration's optimizer step. On CPU there is no caching allocator, so no rank reports a
-peak; the record then carries no per-rank peaks (``peak_scope: unreported``) and says why in
-``workload.extra.device_memory``.
+loss (already the world mean), NaN/skipped if any rank says so, and TFLOP/s per GPU from that same
+step time: the iteration's model FLOPs / step time / world size — Bridge's own definition
+(``training_log``: the interval's FLOPs over the barrier-synchronised interval time), so step time
+and throughput can never disagree. Per rank, every rank (the comparison chooses the golden's scope):
+the allocator peaks read after each iteration's optimizer step and the device memory in use then.
+On CPU there is no caching allocator, so no rank reports a peak; the record then carries no per-rank
+peaks (``peak_scope: unreported``) and says why in ``workload.extra.device_memory``.
+
+How the workload actually ran is part of its identity: the attention back end and the MoE token
+dispatcher the ranks report (``note`` events) replace the recipe's request in the record
+(``workload.attention_backend``, ``workload.extra.moe_dispatcher``), with the request kept beside
+them when they differ.
 """
 
 from __future__ import annotations
 
 import re
-from statistics import fmean
 from typing import Any
 
 from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
@@ -32,7 +39,14 @@ def device_profile(name: str) -> str:
     return f"{model.group(1)}_{memory.group(1)}GB" if memory else model.group(1)
 
 
-def _iterations(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
+def tflops_per_gpu(flops: float | None, step_time_ms: float | None, world_size: int) -> float | None:
+    """One iteration's TFLOP/s per GPU from the same step time the record reports for it."""
+    if flops is None or not step_time_ms:
+        return None
+    return flops / (step_time_ms / 1000.0) / world_size / 1e12
+
+
+def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, Any]]:
     by_iteration: dict[int, list[dict[str, Any]]] = {}
     for rank in ranks:
         for event in rank.iterations:
@@ -40,29 +54,41 @@ def _iterations(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     rows = []
     for iteration, events in sorted(by_iteration.items()):
         times = [e["step_time_ms"] for e in events if e.get("step_time_ms") is not None]
-        flops = [e["tflops_per_gpu"] for e in events if e.get("tflops_per_gpu") is not None]
+        step_time = max(times) if times else None
+        flops = next((rank.flops[iteration] for rank in ranks if iteration in rank.flops), None)
         lead = min(events, key=lambda e: e["rank"])
         loss = float("nan") if any(e.get("nan") for e in events) else lead.get("loss")
         rows.append(iteration_row(
-            iteration, step_time_ms=max(times) if times else None, loss=loss,
-            tflops_per_gpu=fmean(flops) if flops else None, skipped=any(e.get("skipped") for e in events),
+            iteration, step_time_ms=step_time, loss=loss, tflops_per_gpu=tflops_per_gpu(flops, step_time, world_size),
+            skipped=any(e.get("skipped") for e in events),
         ))
     return rows
 
 
 def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
+    """Every rank that reported a peak, every iteration it reported (none is dropped or merged)."""
     result = []
     for rank in ranks:
-        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"))
+        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"), e.get("device_used_bytes"))
                  for e in rank.iterations if e.get("allocated_bytes") is not None}
         if peaks:
             result.append(rank_peaks(rank.rank, peaks))
     return result
 
 
+def _as_run(recipe: Recipe, ranks: list[RankEvidence]) -> tuple[str, dict[str, str]]:
+    """(attention back end, extra facts) as the ranks report they ran, the recipe's request beside them."""
+    notes: dict[str, str] = {}
+    for rank in ranks:  # rank 0's wins: every rank runs the same config
+        notes = {**rank.notes, **notes}
+    attention = notes.pop("attention_backend", recipe.attention_backend)
+    if attention != recipe.attention_backend:
+        notes["attention_backend_requested"] = recipe.attention_backend
+    return attention, notes
+
+
 def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Classification, *,
                  revisions: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
-    started = next((rank for rank in ranks if rank.started), None)
     named = next((rank for rank in ranks if rank.device_name is not None), None)
     on_gpu = recipe.device == "cuda"
     if not on_gpu:
@@ -75,20 +101,20 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: C
              "expert_tp": str(recipe.parallelism.expert_tp), "launcher": "torchrun"}
     if not on_gpu:
         extra["device_memory"] = CPU_MEMORY_NOTE
-    if started is not None:
-        extra.update(started.notes)
+    attention, facts = _as_run(recipe, ranks)
+    extra.update(facts)
     return new_record(
         "run",
         workload=workload(
             recipe=recipe.name, model=recipe.model, backend=recipe.backend, seq_length=recipe.seq_length,
             micro_batch_size=recipe.micro_batch_size, global_batch_size=recipe.global_batch_size,
-            precision=recipe.precision, attention_backend=recipe.attention_backend,
+            precision=recipe.precision, attention_backend=attention,
             train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_layout(recipe.world_size),
             extra=extra,
         ),
         hardware=hardware(profile, recipe.world_size if on_gpu else 0, sm=sm),
         recompute=RecomputeFields.parse(row),
-        metrics=run_metrics(_iterations(ranks), _rank_peaks(ranks), recipe.steady_window),
+        metrics=run_metrics(_iterations(ranks, recipe.world_size), _rank_peaks(ranks), recipe.steady_window),
         outcome=outcome.as_record(),
         revisions=revisions,
         provenance=provenance,

@@ -22,16 +22,33 @@ package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in 
 
 Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
 connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
-point, before anything touches CUDA, and the record notes their values.
+point, before anything touches CUDA, the record notes their values, and the allocator's own settings
+are read back (``harness.run.allocator``): the record says when it had already fixed other ones.
+
+Collective timeout: Bridge's default is 10 minutes (``dist.distributed_timeout_minutes``), and
+torch's NCCL watchdog then kills the rank without a Python error; the row's timeout is used instead
+(as in the mcore back end), so a hang is the runner's stall call, classified with its stage.
 
 Before launch (``harness.run.preflight``): ``rejections`` runs Bridge's own pre-training update and
 validation on every row's config, on the host, so a row Bridge refuses never reaches the GPUs.
 
 Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
-callback of ours reports every rank's allocator peaks after every step, the step time, the loss and
-TFLOP/s. Phases: ``model-build`` until training starts, then ``forward`` when a step starts; when a
-step fails, the phase is refined from the traceback (outermost Megatron frame: forward_step,
-backward_step, finalize_model_grads, the optimizer).
+callback of ours reports every rank's allocator peaks and device memory in use at every step's end,
+and the step time as Bridge's log defines it: the whole loop from one step's end to the next
+(``train_step`` plus the loop's own work: ``training_log`` with its timers' barrier, the manual
+``gc.collect`` every ``manual_gc_interval`` steps, CUDA-graph capture), device synchronised. Bridge
+adds a step's FLOPs to its running total after ``on_train_step_end``, so they are reported at the
+next step's start (``flops`` event); the record divides them by the same step time. The attention
+back end and MoE dispatcher the run actually has (after Bridge's set-up) are noted at training start.
+
+Phases: ``model-build`` until training starts; ``cuda-graph-capture`` from the end of the step after
+which Bridge captures TE CUDA graphs (``cuda_graph_warmup_steps``) to the next step's start;
+``forward`` when a step starts. When a step fails, the phase is refined from the traceback (outermost
+Megatron frame: forward_step, backward_step, finalize_model_grads, the optimizer), and the error line
+is written as the exception leaves Bridge's ``setup``/``train``, before ``_pretrain``'s clean-up
+(``destroy_global_state``, aborting the process groups), which may hang. Faults: those phases, and a
+NaN/Inf loss through the forward-step function's loss function (Bridge's own loss checks then fire);
+backward, grad-sync and optimizer faults are refused before launch (``faults.BACKEND_PHASES``).
 """
 
 from __future__ import annotations
@@ -39,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import math
 import os
 import time
 import traceback
@@ -49,6 +67,7 @@ from typing import Any
 import torch
 from megatron.core.transformer.enums import AttnBackend
 
+from harness.run.allocator import ignored_allocator_env
 from harness.run.instrument import Instrument
 from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe, bridge_builders
@@ -72,8 +91,31 @@ def phase_from_traceback(exc: BaseException, iteration: int) -> str | None:
     return None
 
 
+def dispatcher_of(model: Any) -> str | None:
+    """The MoE token dispatcher a model config runs with: ``alltoall``, ``flex/hybridep``...; None without MoE."""
+    if not getattr(model, "num_moe_experts", None):
+        return None
+    kind = getattr(model, "moe_token_dispatcher_type", None)
+    backend = getattr(model, "moe_flex_dispatcher_backend", None)
+    return f"{kind}/{backend}" if kind == "flex" and backend else str(kind)
+
+
+def capture_after(model: Any, start_iteration: int) -> int | None:
+    """The iteration after which Bridge's loop captures TE CUDA graphs (train.py: when
+    ``step - start_iteration == cuda_graph_warmup_steps``, before the next step); None if it never does."""
+    if getattr(model, "cuda_graph_impl", None) != "transformer_engine":
+        return None
+    return start_iteration + int(model.cuda_graph_warmup_steps)
+
+
+def _synchronize() -> None:
+    """Wait for the device before reading the clock; nothing to wait for before CUDA has started."""
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class RankMetrics:
-    """Every rank, every step: phase marks, step time, loss, allocator peaks, TFLOP/s.
+    """Every rank, every step: phase marks, step time, loss, allocator peaks, device memory, FLOPs.
 
     A plain class so that this module imports without Bridge: ``train`` registers its ``on_*`` methods
     with Bridge's ``CallbackManager.register`` (the functional form of Bridge's callback API).
@@ -81,53 +123,78 @@ class RankMetrics:
 
     EVENTS = ("on_train_start", "on_train_step_start", "on_train_step_end", "on_train_end")
 
-    def __init__(self, instrument: Instrument, world_size: int) -> None:
+    def __init__(self, instrument: Instrument) -> None:
         self.instrument = instrument
-        self.world_size = world_size
-        self.step_started = 0.0
+        self.interval_started = 0.0
         self.flops_before = 0.0
-        self.pending: dict[str, Any] | None = None
+        self.flops_pending: int | None = None  # the step whose FLOPs Bridge adds after on_train_step_end
+        self.capture_after: int | None = None
 
     def _flops(self, context: Any) -> float | None:
         value = getattr(context.state.train_state, "floating_point_operations_so_far", None)
         return None if value is None else float(value)
 
-    def _flush(self, context: Any) -> None:
-        """Emit the previous step: Bridge adds a step's FLOPs to the running total after on_train_step_end."""
-        if self.pending is None:
-            return
+    def _report_flops(self, context: Any) -> None:
         flops = self._flops(context)
-        tflops = None
-        if flops is not None and self.pending["step_time_ms"]:
-            tflops = (flops - self.flops_before) / (self.pending["step_time_ms"] / 1000.0) / self.world_size / 1e12
-            self.flops_before = flops
-        self.instrument.iteration_end(
-            self.pending["iteration"], loss=self.pending["loss"], step_time_ms=self.pending["step_time_ms"],
-            skipped=self.pending["skipped"], tflops_per_gpu=tflops, peaks=self.pending["peaks"],
-        )
-        self.pending = None
+        if self.flops_pending is not None and flops is not None:
+            self.instrument.flops(self.flops_pending, flops - self.flops_before)
+        self.flops_before = flops or 0.0
+        self.flops_pending = None
 
     def on_train_start(self, context: Any) -> None:
         self.instrument.device_ready()
+        model = context.state.cfg.model  # after Bridge's set-up: what the run really has
+        self.instrument.note("attention_backend", getattr(model.attention_backend, "name", str(model.attention_backend)))
+        dispatcher = dispatcher_of(model)
+        if dispatcher is not None:
+            self.instrument.note("moe_dispatcher", dispatcher)
+        start = context.state.train_state.step
+        self.capture_after = capture_after(model, start)
         self.flops_before = self._flops(context) or 0.0
+        if self.capture_after == start:  # no warm-up steps: Bridge captures before the first step
+            self.instrument.enter(start + 1, "cuda-graph-capture")
+        _synchronize()
+        self.interval_started = time.perf_counter()
 
     def on_train_step_start(self, context: Any) -> None:
-        self._flush(context)
+        self._report_flops(context)
         self.instrument.enter(context.state.train_state.step + 1, "forward")
-        self.step_started = time.perf_counter()
 
     def on_train_step_end(self, context: Any) -> None:
-        torch.cuda.synchronize()
-        step_time_ms = (time.perf_counter() - self.step_started) * 1000.0
+        _synchronize()
+        now = time.perf_counter()
+        iteration = context.state.train_state.step + 1
         losses = list((context.loss_dict or {}).values())
         loss = float(losses[0]) if losses else None  # only the last pipeline stage holds the loss
-        self.pending = {
-            "iteration": context.state.train_state.step + 1, "loss": loss, "step_time_ms": step_time_ms,
-            "skipped": bool(context.skipped_iter), "peaks": self.instrument.memory_peaks(),
-        }
+        # Emitted now, not at the next step's start: a failure in between (CUDA-graph capture) keeps it.
+        self.instrument.iteration_end(iteration, loss=loss, step_time_ms=(now - self.interval_started) * 1000.0,
+                                      skipped=bool(context.skipped_iter), peaks=self.instrument.memory_peaks())
+        self.interval_started = now
+        self.flops_pending = iteration
+        if iteration == self.capture_after:
+            self.instrument.enter(iteration + 1, "cuda-graph-capture")
 
     def on_train_end(self, context: Any) -> None:
-        self._flush(context)
+        self._report_flops(context)
+
+
+class FaultingForwardStep:
+    """Bridge's forward-step function with the fault hook on its loss: the loss function receives the
+    model's per-token output poisoned (NaN/Inf) on the fault's rank and iteration, so Bridge's own
+    loss checks see it. Bridge injects its ``GlobalState`` because the first parameter is ``state``."""
+
+    def __init__(self, forward_step: Any, instrument: Instrument) -> None:
+        self.forward_step = forward_step
+        self.instrument = instrument
+
+    def __call__(self, state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
+        output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
+        iteration = state.train_state.step + 1
+
+        def poisoned(output_tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            return loss_function(self.instrument.loss(output_tensor, iteration), *args, **kwargs)
+
+        return output, poisoned
 
 
 @contextlib.contextmanager
@@ -172,7 +239,8 @@ RECIPES = {"moonlight_16b": moonlight_16b_config, "nemotron_3_nano": nemotron_3_
 
 
 def _dispatcher_fallback(cfg: Any) -> str | None:
-    """Fall back to ``alltoall`` when the flex dispatcher's back-end package is missing; the record's note."""
+    """Fall back to ``alltoall`` when the flex dispatcher's back-end package is missing; the request, for
+    the record (the dispatcher the run has is noted at training start, ``RankMetrics``)."""
     from megatron.core.transformer.moe import fused_a2a
 
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
@@ -181,10 +249,16 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
     available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP,
                  "ncclep": fused_a2a.HAVE_TE_EP}.get(backend, True)
     if available:
-        return f"flex/{backend}"
+        return None
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.model.moe_flex_dispatcher_backend = None
-    return f"alltoall (flex/{backend} unavailable on this machine)"
+    return f"flex/{backend} (its package is missing on this machine)"
+
+
+def collective_timeout_minutes(recipe: Recipe) -> int:
+    """Bridge's collective timeout for a row: at least the row's own timeout (which is longer than its
+    stall timeout), so the runner's stall detection, not NCCL's watchdog, ends a hung row."""
+    return max(1, math.ceil(max(recipe.timeout_s, recipe.stall_timeout_s) / 60.0) + 1)
 
 
 def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
@@ -209,6 +283,8 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     cfg.checkpoint.load = None
     cfg.checkpoint.save_interval = None
     cfg.checkpoint.pretrained_checkpoint = None
+    cfg.dist.distributed_timeout_minutes = collective_timeout_minutes(recipe)
+    cfg.dist.distributed_timeout_seconds_after_init = None  # else Bridge shortens it after step 1
     cfg.model.tensor_model_parallel_size = layout.tp
     cfg.model.pipeline_model_parallel_size = layout.pp
     cfg.model.context_parallel_size = layout.cp
@@ -231,8 +307,8 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     recompute = {"recompute_modules": None, **RecomputeFields.parse(row).as_config_kwargs()}  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
-    dispatcher = _dispatcher_fallback(cfg)
-    return cfg, {} if dispatcher is None else {"moe_dispatcher": dispatcher}
+    requested = _dispatcher_fallback(cfg)
+    return cfg, {} if requested is None else {"moe_dispatcher_requested": requested}
 
 
 def _bridge_recipe(recipe: Recipe) -> Any:
@@ -267,17 +343,30 @@ def rejections(recipe: Recipe, rows: list[str]) -> dict[str, str]:
 def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
     """Bridge's recipes carry environment defaults (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``,
     ``CUDA_DEVICE_MAX_CONNECTIONS``) that ``pretrain`` applies before CUDA starts in Bridge's own launches;
-    CUDA and its caching allocator read them once, at initialisation, so they are applied here before
-    anything touches CUDA. A value already set by the launcher wins, as in Bridge. The record notes the
-    values the run had, and whether CUDA had started before (then the allocator ignored them)."""
+    the allocator reads its settings once and CUDA its connection count at initialisation, so they are
+    applied here before anything touches CUDA. A value already set by the launcher wins, as in Bridge.
+    The record notes the values the run had and, when the allocator had already fixed other settings
+    (read before, even without CUDA starting), that its peaks are not the recipe's."""
     from megatron.bridge.training.config import apply_environment_variables
 
     late = torch.cuda.is_initialized()
     apply_environment_variables(cfg)
-    for name in sorted(cfg.env_vars):
-        instrument.note(f"env.{name}", os.environ[name])
+    applied = {name: os.environ[name] for name in sorted(cfg.env_vars)}
+    for name, value in applied.items():
+        instrument.note(f"env.{name}", value)
+    ignored = ignored_allocator_env(applied)
+    if ignored is not None:
+        instrument.note("allocator_ignored_env", ignored)
     if late:
-        instrument.note("env_applied_after_cuda_init", "true: the allocator did not see these values")
+        instrument.note("env_applied_after_cuda_init", "true: CUDA had started before these values were set")
+
+
+def _upstream_entry_points() -> list[Any]:
+    """Bridge's functions whose exceptions ``_pretrain`` catches and cleans up after before re-raising."""
+    from megatron.bridge.training.setup import setup
+    from megatron.bridge.training.train import train as bridge_train
+
+    return [setup, bridge_train]
 
 
 def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
@@ -285,17 +374,22 @@ def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.pretrain import pretrain
 
-    world = recipe.world_size
     with instrument.phase(0, "model-build"):
         cfg, notes = configure(recipe, row)
     for key, value in notes.items():
         instrument.note(key, value)
     apply_recipe_environment(cfg, instrument)
-    metrics, callbacks = RankMetrics(instrument, world), CallbackManager()
+    metrics, callbacks = RankMetrics(instrument), CallbackManager()
     for event in RankMetrics.EVENTS:
         callbacks.register(event, getattr(metrics, event))
-    try:
-        pretrain(cfg, forward_step, callbacks=callbacks)
-    except BaseException as exc:
+
+    def refine_phase(exc: BaseException) -> None:
         instrument.phase_name = phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
+
+    step = FaultingForwardStep(forward_step, instrument) if instrument.fault is not None else forward_step
+    try:
+        with instrument.reporting_unwind(_upstream_entry_points(), before_report=refine_phase):
+            pretrain(cfg, step, callbacks=callbacks)
+    except BaseException as exc:
+        refine_phase(exc)
         raise

@@ -6,10 +6,12 @@ groups them (dense parameters over data parallel, expert parameters — ``param.
 over expert data parallel). On CUDA it runs MCore unmodified (NCCL); on CPU under the CPU adapter
 (gloo). The loop covers data and expert parallelism only (recipes with TP/PP/CP > 1 use ``bridge``).
 
-Per iteration: ``forward`` (per micro-batch, including the world all-reduce of the loss that every
-rank checks for NaN together, so a NaN stops all ranks at the same step instead of hanging one),
-``backward``, ``grad-sync``, then ``optimizer-init`` on iteration 1 (the optimizer is built and its
-state allocated by its first step) or ``optimizer-step`` afterwards.
+Per iteration: ``forward`` (per micro-batch, including the world all-reduce of the loss, queued on
+the device), ``backward``, ``grad-sync``, then ``optimizer-init`` on iteration 1 (the optimizer is
+built and its state allocated by its first step) or ``optimizer-step`` afterwards. The step reads
+its losses on the host once, after the last backward: every rank checks the same reduced values
+there, so a NaN or Inf stops all ranks at the same step (reported in ``forward``, where the loss was
+made) instead of hanging one, and no micro-batch waits for the device.
 """
 
 from __future__ import annotations
@@ -78,13 +80,20 @@ def _all_reduce_mean(group: Any, grads: list[torch.Tensor]) -> None:
         grad.copy_(synced)
 
 
-def _reduced_loss(local: torch.Tensor, iteration: int) -> float:
-    """World mean of the micro-batch loss; NaN anywhere raises NonFiniteLoss on every rank at once."""
+def _reduced_loss(local: torch.Tensor) -> torch.Tensor:
+    """World sum of the micro-batch loss, left on the device (no host sync)."""
     reduced = local.detach().float().clone()
     dist.all_reduce(reduced)
-    value = reduced.item() / dist.get_world_size()
+    return reduced
+
+
+def _step_loss(reduced: list[torch.Tensor], local: list[torch.Tensor], iteration: int) -> float:
+    """World-mean loss of the step, read with one device-to-host copy; NaN/Inf anywhere raises
+    NonFiniteLoss on every rank at once (the reduced values are the same on every rank)."""
+    values = torch.stack([torch.stack(reduced).sum(), torch.stack([t.detach().float() for t in local]).sum()]).tolist()
+    value = values[0] / len(reduced) / dist.get_world_size()
     if not math.isfinite(value):
-        raise NonFiniteLoss(iteration, value, local.item())
+        raise NonFiniteLoss(iteration, value, values[1])
     return value
 
 
@@ -100,14 +109,16 @@ class MCoreTraining:
 
     def step(self, iteration: int, instrument: Instrument) -> float:
         """One iteration; returns the world-mean loss."""
-        losses = []
+        reduced, local = [], []
         for micro in range(self.micro_batches):
             with instrument.phase(iteration, "forward"):
                 batch = self.model.batch(seed=SEED + iteration * 1000 + micro * 10 + self.rank)
                 loss = instrument.loss(self.model.loss(batch), iteration)
-                losses.append(_reduced_loss(loss, iteration))
+                reduced.append(_reduced_loss(loss))
+                local.append(loss)
             with instrument.phase(iteration, "backward"):
                 (loss / self.micro_batches).backward()
+        step_loss = _step_loss(reduced, local, iteration)
         with instrument.phase(iteration, "grad-sync"):
             for group, grads in _grad_groups(self.model.module):
                 _all_reduce_mean(group, grads)
@@ -119,7 +130,7 @@ class MCoreTraining:
             with instrument.phase(iteration, "optimizer-step"):
                 self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return sum(losses) / len(losses)
+        return step_loss
 
 
 def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
@@ -137,6 +148,10 @@ def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
             device=recipe.device, seed=SEED, expert_model_parallel_size=layout.ep, **options.get("config", {}),
         )
         model.module.train()
+    # As run (the record's workload identity): the style models use MCore's local attention spec.
+    instrument.note("attention_backend", "local")
+    if model.config.num_moe_experts:
+        instrument.note("moe_dispatcher", model.config.moe_token_dispatcher_type)
     micro_batches = recipe.global_batch_size // (recipe.micro_batch_size * layout.data_parallel(world))
     return MCoreTraining(model, micro_batches, float(options.get("lr", 1e-4)), dist.get_rank())
 

@@ -1,13 +1,18 @@
 """How a row ended, decided from per-rank evidence only.
 
-Order of evidence: a row the runner had to stop (timeout, or no rank reporting for the stall
-timeout) before every rank finished is a ``hang`` at the furthest-behind rank's iteration and
-phase. Otherwise the root error decides: the ranks' error lines (written by the worker with the
-phase it was in), falling back to torchrun's per-rank ``error.json`` files. A peer's loss
-("connection closed", "communicator aborted") is a consequence, never the root, when another rank
-reports its own error. The root error's kind: an out-of-memory message -> ``oom``; a collective
-timeout -> ``hang``; a non-finite loss -> ``nan``; anything else -> ``crash``. A run that exits
-cleanly with every iteration reported on every rank is ``completed``.
+Order of evidence: a rank's own error line (written by the worker with the phase it was in,
+before upstream clean-up runs: Bridge's ``_pretrain`` aborts its process groups before re-raising,
+and that abort can hang) decides, even when the runner then had to stop the row. Otherwise a row
+the runner had to stop (timeout, or no rank reporting for the stall timeout) before every rank
+finished is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise torchrun's
+per-rank ``error.json`` files, then the ranks' stderr: torch's NCCL watchdog kills a process whose
+collective timed out (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, torch's default) with SIGABRT, leaving
+no Python error and no error file, only its "Watchdog caught collective operation timeout" line. A
+peer's loss ("connection closed", "communicator aborted") is a consequence, never the root, when
+another rank reports its own error. The root error's kind: an out-of-memory message -> ``oom``; a
+collective timeout -> ``hang``; a non-finite (NaN or Inf) loss -> ``nan``, the numerical-failure
+status; anything else -> ``crash``. A run that exits cleanly with every iteration reported on every
+rank is ``completed``.
 
 Against the matched control: a failed row that got further than a failed ``[]`` control is
 ``advanced-but-failed`` — the skill's "later failure is misclassified as success" guard.
@@ -26,14 +31,20 @@ from harness.run.events import RankEvidence
 from harness.run.torchrun import TORCHRUN_DIR, LaunchResult
 
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
-# Ours (the mcore loop's NonFiniteLoss) and Megatron's NaN checks on the loss (Bridge's rerun state machine).
-NAN_MARKERS = ("non-finite loss", "nan in local forward loss", "found nan", "loss is nan")
+# Ours (the mcore loop's NonFiniteLoss) and Megatron's NaN / Inf checks on the loss (Bridge's
+# masked_next_token_loss through the rerun state machine: "found NaN in local forward loss
+# calculation", "found Inf in local forward loss calculation"; MCore's grad-norm checks).
+NAN_MARKERS = ("non-finite loss", "nan in local forward loss", "inf in local forward loss", "found nan", "found inf",
+               "loss is nan", "loss is inf")
 PEER_LOSS_MARKERS = (
     "connection closed by peer", "connection reset by peer", "broken pipe", "communicator was aborted",
     "terminated with signal",
 )
 # A collective that timed out waited for a rank that never came: a hang, seen from the waiting side.
 HANG_MARKERS = ("timed out", "collective operation timeout")
+# What torch's NCCL watchdog writes to the rank's stderr before it aborts the process (ProcessGroupNCCL).
+WATCHDOG_MARKER = "watchdog caught collective operation timeout"
+STDERR_TAIL_BYTES = 256 * 1024  # the watchdog's line is among the last a killed rank writes
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,22 @@ def torchrun_errors(row_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+def watchdog_timeouts(row_dir: Path) -> list[tuple[Path, str]]:
+    """(stderr.log, line) for each rank whose stderr ends with torch's NCCL watchdog timeout report."""
+    found = []
+    for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")):
+        try:
+            with open(path, "rb") as handle:
+                handle.seek(max(0, path.stat().st_size - STDERR_TAIL_BYTES))
+                tail = handle.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        line = next((line for line in tail.splitlines() if WATCHDOG_MARKER in line.lower()), None)
+        if line is not None:
+            found.append((path, line.strip()))
+    return found
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0][:400] if message.strip() else ""
 
@@ -104,9 +131,15 @@ def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: in
 def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int, row_dir: Path,
               stall_timeout_s: float, timeout_s: float) -> Classification:
     unfinished = [rank for rank in ranks if not rank.done]
-    if launch.stopped is not None and unfinished:
-        return _hang(ranks, launch, stall_timeout_s, timeout_s)
     errors = [(rank.rank, error) for rank in ranks for error in rank.errors]
+    own = [(rank, error) for rank, error in errors if not _is_peer_loss(error.get("message", ""))]
+    if launch.stopped is not None and unfinished:
+        if not own:
+            return _hang(ranks, launch, stall_timeout_s, timeout_s)
+        # A rank reported its own failure and then never exited (a clean-up that hung): the failure is
+        # the root, the stop its consequence.
+        found = _from_error_events(errors)
+        return replace(found, message=f"{found.message}; then the runner stopped the row ({launch.stopped})")
     if errors:
         return _from_error_events(errors)
     if unfinished:
@@ -163,10 +196,16 @@ def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir
     own = [item for item in files if not _is_peer_loss(item["message"])] or files
     (iteration, phase_index), stuck = _behind(unfinished)
     phase = PHASES[phase_index] if phase_index >= 0 else None
+    watchdog = watchdog_timeouts(row_dir)
     if own:
         root = min(own, key=lambda item: item["t"])
         kind = error_kind(None, root["message"])
         message = f"{_first_line(root['message'])} (torchrun error file {Path(root['path']).parent.name})"
+    elif watchdog:
+        kind = "hang"
+        path, line = watchdog[0]
+        message = (f"NCCL watchdog aborted the process: {line[:400]} ({path.parent.name}/{path.name}); "
+                   f"torchrun exit codes {launch.returncodes}")
     else:
         kind = "crash"
         message = f"torchrun exit codes {launch.returncodes}; rank(s) {[r.rank for r in stuck]} exited without an error report"

@@ -5,10 +5,11 @@ failure classification). A line is written and flushed before the phase it annou
 rank that hangs or is killed still leaves the exact iteration and phase it stopped in.
 
 Line kinds: ``start`` (rank, world size, pid, device kind), ``device`` (GPU name and SM, once the
-back end has set CUDA up), ``phase`` (iteration, phase), ``iteration``
-(loss, step time, allocated/reserved peaks), ``note`` (how the workload actually ran, e.g. a
-dispatcher fallback), ``error`` (iteration, phase, exception type and message, whether this rank's
-own loss was finite), ``done``.
+back end has set CUDA up), ``phase`` (iteration, phase), ``iteration`` (loss, step time,
+allocated/reserved peaks, device memory in use; written at the step's end), ``flops`` (an
+iteration's model FLOPs, once the back end knows them), ``note`` (how the workload actually ran,
+e.g. a dispatcher fallback), ``fault`` (the injected fault fired here), ``error`` (iteration, phase,
+exception type and message, whether this rank's own loss was finite), ``done``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class RankEvidence:
     iterations: list[dict[str, Any]] = field(default_factory=list)
     errors: list[dict[str, Any]] = field(default_factory=list)
     notes: dict[str, str] = field(default_factory=dict)
+    flops: dict[int, float] = field(default_factory=dict)  # iteration -> the world's model FLOPs
+    fault_fired: bool = False
     done: bool = False
     last_time: float | None = None
 
@@ -100,6 +103,10 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
             evidence.errors.append(event)
         elif kind == "note":
             evidence.notes[event["key"]] = str(event["value"])
+        elif kind == "flops":
+            evidence.flops[event["iteration"]] = float(event["flops"])
+        elif kind == "fault":
+            evidence.fault_fired = True
         elif kind == "done":
             evidence.done = True
     return evidence

@@ -5,7 +5,11 @@ real 80 GB OOM. Spec: ``KIND:iteration=I,phase=P,rank=R`` with KIND one of
 
 - ``oom``  raise ``torch.OutOfMemoryError`` (the allocator's own exception type) at the start of phase P;
 - ``nan``  multiply rank R's loss by NaN in iteration I (phase is always ``forward``, where loss is made);
+- ``inf``  the same with +inf (Megatron's loss checks report it apart from NaN; both are numerical failures);
 - ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective).
+
+Each back end fires the phases it marks (``BACKEND_PHASES``); a fault at a phase its back end never
+enters is refused before launch, and a fault that was armed but never fired fails its row (runner).
 
 ``rank`` defaults to 0, ``phase`` to ``forward``, ``iteration`` to 1. An optional ``row=NAME`` limits
 the fault to one row of a sweep (e.g. ``row=[]`` fails only the control); the runner hands each row's
@@ -26,7 +30,15 @@ if TYPE_CHECKING:
     import torch
 
 FAULT_ENV = "RECOMPUTE_HARNESS_FAULT"
-KINDS = ("oom", "nan", "hang")
+KINDS = ("oom", "nan", "inf", "hang")
+LOSS_KINDS = ("nan", "inf")
+# The phases each back end marks (and so can fire a fault in). The mcore loop marks every training
+# phase and captures no CUDA graphs; the bridge back end sees Bridge's loop only through its callbacks
+# (step start and end, where CUDA-graph capture falls) and its forward-step function (the loss).
+BACKEND_PHASES = {
+    "mcore": tuple(phase for phase in PHASES if phase != "cuda-graph-capture"),
+    "bridge": ("model-build", "cuda-graph-capture", "forward"),
+}
 INJECTED_OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the recompute-harness fault hook "
     "at iteration {iteration}, phase {phase}, rank {rank})"
@@ -63,11 +75,20 @@ class Fault:
             while True:  # the runner's stall timeout kills the whole process group
                 time.sleep(3600)
 
+    def poisons(self, iteration: int, rank: int) -> bool:
+        return self.kind in LOSS_KINDS and self.fires(iteration, "forward", rank)
+
     def poison_loss(self, loss: torch.Tensor, iteration: int, rank: int) -> torch.Tensor:
-        """Called by the worker on its loss: NaN when this is the spot."""
-        if self.kind == "nan" and self.fires(iteration, "forward", rank):
-            return loss * float("nan")
+        """Called by the worker on its loss: NaN (or +inf) when this is the spot."""
+        if self.poisons(iteration, rank):
+            return loss * float(self.kind)
         return loss
+
+    def check_backend(self, backend: str) -> None:
+        """Refuse a fault its back end would never fire (the row would otherwise pass untested)."""
+        if self.phase not in BACKEND_PHASES[backend]:
+            raise UsageError(f"fault {self.spec()!r}: the {backend} back end never marks phase {self.phase} "
+                             f"(it marks {', '.join(BACKEND_PHASES[backend])})")
 
 
 def parse_fault(spec: str) -> Fault:
@@ -84,8 +105,8 @@ def parse_fault(spec: str) -> Fault:
     phase = values.get("phase", "forward")
     if phase not in PHASES:
         raise UsageError(f"fault {spec!r}: phase must be one of {', '.join(PHASES)}")
-    if kind == "nan" and phase != "forward":
-        raise UsageError(f"fault {spec!r}: a NaN loss is made in the forward phase")
+    if kind in LOSS_KINDS and phase != "forward":
+        raise UsageError(f"fault {spec!r}: a non-finite loss is made in the forward phase")
     try:
         iteration, rank = int(values.get("iteration", "1")), int(values.get("rank", "0"))
     except ValueError:

@@ -1,31 +1,46 @@
 """Worker-side instrumentation shared by both back ends: phases, per-iteration peaks, errors, faults.
 
-Per iteration it costs one flushed JSON line per phase plus one for the iteration, and two reads of
+Per iteration it costs one flushed JSON line per phase plus one for the iteration, two reads of
 the CUDA caching allocator's counters (``max_memory_allocated``/``max_memory_reserved``, host-side, no
-device sync). Phases are marked on the host; an OOM is raised on the host by the allocating call,
-so the phase it is reported in is the one that allocated. On CPU there is no caching allocator and
-so no allocator peak: peaks are reported as ``None`` and the record says so.
+device sync) and one ``torch.cuda.mem_get_info()`` (the driver's free/total of the whole device:
+what the allocator does not see — the CUDA context, NCCL's and DeepEP/HybridEP's buffers). Phases
+are marked on the host; an OOM is raised on the host by the allocating call, so the phase it is
+reported in is the one that allocated. On CPU there is no caching allocator and so no allocator
+peak: peaks are reported as ``None`` and the record says so.
+
+A failure is reported once, as early as possible: ``reporting_unwind`` writes the error line when
+the exception leaves a given upstream function, before the upstream caller's own clean-up (Bridge's
+``_pretrain`` destroys its global state and aborts its process groups, which can hang) runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import os
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from harness.run.events import EventWriter
-from harness.run.faults import fault_from_env
+from harness.run.faults import LOSS_KINDS, fault_from_env
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The world-reduced loss is NaN/inf; ``local_finite`` says whether this rank's own loss was."""
+    """The world-reduced loss is NaN/inf; ``local_finite`` says whether this rank's own loss was.
+
+    The loss is made in ``forward`` (``phase``) even when the check reads it later (once per step)."""
 
     def __init__(self, iteration: int, reduced: float, local: float) -> None:
         super().__init__(f"non-finite loss at iteration {iteration}: reduced {reduced}, this rank {local}")
         self.local_finite = math.isfinite(local)
+        self.iteration = iteration
+        self.phase = "forward"
+
+
+MemoryReading = tuple[int | None, int | None, int | None]  # (allocated peak, reserved peak, device used)
 
 
 class Instrument:
@@ -39,6 +54,7 @@ class Instrument:
         self.iteration = 0
         self.phase_name: str | None = None
         self.device_named = False
+        self._reported: BaseException | None = None
 
     def started(self, world_size: int) -> None:
         """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
@@ -59,8 +75,13 @@ class Instrument:
         """Mark the start of a phase (and give the fault hook its chance to fire there)."""
         self.iteration, self.phase_name = iteration, name
         self.events.emit("phase", iteration=iteration, phase=name)
-        if self.fault is not None:
+        if self.fault is not None and self.fault.kind not in LOSS_KINDS and self.fault.fires(iteration, name, self.rank):
+            self.fault_fired()
             self.fault.at_phase_start(iteration, name, self.rank)
+
+    def fault_fired(self) -> None:
+        """Said before the fault acts: a fault that never fires must not let its row pass (runner)."""
+        self.events.emit("fault", spec=self.fault.spec() if self.fault is not None else None)
 
     @contextlib.contextmanager
     def phase(self, iteration: int, name: str) -> Iterator[None]:
@@ -72,35 +93,78 @@ class Instrument:
         self.events.emit("note", key=key, value=value)
 
     def loss(self, loss: Any, iteration: int) -> Any:
-        """The fault hook's chance to poison this rank's loss (identity unless a nan fault is set)."""
-        return loss if self.fault is None else self.fault.poison_loss(loss, iteration, self.rank)
+        """The fault hook's chance to poison this rank's loss (identity unless a nan/inf fault is set)."""
+        if self.fault is None or not self.fault.poisons(iteration, self.rank):
+            return loss
+        self.fault_fired()
+        return self.fault.poison_loss(loss, iteration, self.rank)
 
-    def memory_peaks(self) -> tuple[int | None, int | None]:
+    def memory_peaks(self) -> MemoryReading:
+        """Allocator peaks and the device memory in use (total - free: every process on this GPU)."""
         if self.device != "cuda":
-            return None, None
+            return None, None, None
         import torch
 
-        return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+        free, total = torch.cuda.mem_get_info()
+        return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()), int(total - free)
 
     def iteration_end(self, iteration: int, *, loss: float | None, step_time_ms: float | None,
-                      skipped: bool = False, tflops_per_gpu: float | None = None,
-                      peaks: tuple[int | None, int | None] | None = None) -> None:
+                      skipped: bool = False, peaks: MemoryReading | None = None) -> None:
         """``peaks`` when read earlier (right after the optimizer step); else read now."""
-        allocated, reserved = self.memory_peaks() if peaks is None else peaks
+        allocated, reserved, device_used = self.memory_peaks() if peaks is None else peaks
         self.events.emit(
             "iteration", iteration=iteration, loss=loss, step_time_ms=step_time_ms, skipped=skipped,
-            allocated_bytes=allocated, reserved_bytes=reserved, tflops_per_gpu=tflops_per_gpu,
+            allocated_bytes=allocated, reserved_bytes=reserved, device_used_bytes=device_used,
             nan=loss is not None and not math.isfinite(loss),
         )
 
+    def flops(self, iteration: int, flops: float) -> None:
+        """The model FLOPs of one iteration (the world's); the record divides them by the step time."""
+        self.events.emit("flops", iteration=iteration, flops=flops)
+
     def failed(self, exc: BaseException) -> None:
+        """The error line, once per exception (the unwind hook and the worker may both report it)."""
+        if exc is self._reported:
+            return
+        self._reported = exc
         self.events.emit(
-            "error", iteration=self.iteration, phase=self.phase_name, type=type(exc).__name__,
+            "error", iteration=getattr(exc, "iteration", self.iteration),
+            phase=getattr(exc, "phase", self.phase_name), type=type(exc).__name__,
             message=str(exc)[:2000], local_loss_finite=getattr(exc, "local_finite", None),
         )
         if not self.device_named:  # failed before the back end named the GPU: the record still needs it
             with contextlib.suppress(Exception):
                 self.device_ready()
+
+    @contextlib.contextmanager
+    def reporting_unwind(self, functions: list[Callable[..., Any]],
+                         before_report: Callable[[BaseException], None] | None = None) -> Iterator[None]:
+        """Write the error line as soon as an exception leaves one of ``functions``, i.e. before whatever
+        clean-up their caller runs. Python's ``sys.monitoring`` PY_UNWIND event (a global event: it
+        costs one call per Python frame an exception unwinds, nothing on the normal path); only the
+        given functions' frames report. ``before_report`` may refine the phase first."""
+        monitoring = sys.monitoring
+        tool = next((i for i in range(6) if monitoring.get_tool(i) is None), None)
+        if tool is None:  # every tool slot is taken (a debugger, a profiler): the worker reports at the end
+            yield
+            return
+        codes = {inspect.unwrap(function).__code__ for function in functions}
+
+        def unwound(code: Any, offset: int, exc: BaseException) -> None:
+            if code in codes and exc is not self._reported:
+                if before_report is not None:
+                    before_report(exc)
+                self.failed(exc)
+
+        monitoring.use_tool_id(tool, "recompute-harness")
+        try:
+            monitoring.register_callback(tool, monitoring.events.PY_UNWIND, unwound)
+            monitoring.set_events(tool, monitoring.events.PY_UNWIND)
+            yield
+        finally:
+            monitoring.set_events(tool, monitoring.events.NO_EVENTS)
+            monitoring.register_callback(tool, monitoring.events.PY_UNWIND, None)
+            monitoring.free_tool_id(tool)
 
     def finished(self) -> None:
         self.events.emit("done")

@@ -2,9 +2,14 @@
 
 A row that Bridge or Megatron Core refuses (full recompute under Nemotron's scoped CUDA graphs, say)
 is then a one-line error in under a minute, not a failed multi-GPU launch. The check runs in a child
-process: Bridge's import (~15 s) and the environment defaults it applies stay out of the runner,
-``CUDA_VISIBLE_DEVICES=""`` keeps it off the GPUs the rows will measure, and a child that hangs is
-killed with its process group.
+process: Bridge's import (~15 s) and the environment defaults it applies stay out of the runner, and
+a child that hangs is killed with its process group.
+
+The child sees the GPUs the workers will see (the runner's own environment): Bridge's validation
+reads the device (``validate_flex_dispatcher_backend`` calls ``torch.cuda.get_device_properties(0)``
+for a flex dispatcher) and the dispatcher fall-back depends on which EP packages import, so hiding
+the GPUs would refuse every flex/HybridEP row, or validate another dispatcher than the workers run.
+It allocates nothing on them, and it has exited before the first row launches.
 
     python -m harness.run.preflight REQUEST.json VERDICTS.json   (the child; the runner writes the request)
 """
@@ -25,10 +30,15 @@ from harness.run.recipes import Recipe
 TIMEOUT_S = 600.0
 
 
+def preflight_environment(recipe: Recipe) -> dict[str, str]:
+    """The child's environment: the runner's (the workers' GPUs included), as rank 0 of the recipe's world
+    (Bridge derives the data-parallel size from the world size)."""
+    return {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(recipe.world_size)}
+
+
 def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOUT_S) -> None:
     """Refuse the sweep, naming the row and Bridge's reason, when Bridge's validation rejects a row."""
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": str(recipe.world_size)}  # Bridge derives the data-parallel size from the world
+    env = preflight_environment(recipe)
     with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
         request, verdicts = Path(scratch) / "request.json", Path(scratch) / "verdicts.json"
         write_json_atomic(request, {"recipe": recipe.as_dict(), "rows": rows})

@@ -36,8 +36,12 @@ BRIDGE_RECIPES = ("moonlight_16b", "nemotron_3_nano")  # builders in harness.run
 ENTRY_POINT_GROUP = "recompute_harness.recipes"  # more Bridge builders, from other installed packages
 MCORE_PRECISIONS = ("fp32", "bf16", "fp16")  # parameter dtypes of the mcore back end's loop
 
+# What a back end imports on every rank whatever the recipe says: Bridge's ``pretrain`` module imports
+# nvidia-resiliency-ext's in-process restart API unconditionally (megatron/bridge/training/pretrain.py).
+BACKEND_REQUIRES = {"bridge": ("megatron.bridge", "nvidia_resiliency_ext.inprocess"), "mcore": ()}
 _INSTALL_HINT = {
     "megatron.bridge": "pip install 'recompute-harness[bridge]' on a CUDA machine with Transformer Engine",
+    "nvidia_resiliency_ext.inprocess": "pip install nvidia-resiliency-ext (Bridge's pretrain imports it)",
     "transformer_engine": "Transformer Engine must be built against the machine's CUDA",
     "mamba_ssm": "pip install mamba-ssm (CUDA build)",
 }
@@ -240,6 +244,10 @@ def check_recipe(recipe: Recipe) -> None:
             f"{where}: global batch {recipe.global_batch_size} is not a multiple of micro batch "
             f"{recipe.micro_batch_size} x data parallel {dp}"
         )
+    if recipe.stall_timeout_s >= recipe.timeout_s:
+        # Collectives wait as long as the row may run (both back ends); a stall must be called first.
+        raise UsageError(f"{where}: stall_timeout_s {recipe.stall_timeout_s:g} must be shorter than timeout_s "
+                         f"{recipe.timeout_s:g}")
     first, last = recipe.steady_window
     if not 1 <= first <= last <= recipe.train_iters:
         raise UsageError(f"{where}: steady_window [{first}, {last}] is not inside 1..{recipe.train_iters}")
@@ -270,13 +278,21 @@ def check_layout(layout: Parallelism, world: int, where: str) -> None:
         raise UsageError(f"{where}: virtual pipeline (vpp={layout.vpp}) needs pipeline parallel > 1")
 
 
+def required_modules(recipe: Recipe) -> tuple[str, ...]:
+    """The recipe's ``requires`` plus what its back end always imports, in order, once each."""
+    return tuple(dict.fromkeys((*BACKEND_REQUIRES[recipe.backend], *recipe.requires)))
+
+
 def check_packages(recipe: Recipe) -> None:
-    """Refuse, before launching, a recipe whose packages this environment lacks or cannot import."""
-    for module in recipe.requires:
-        if not importable(module):
-            hint = _INSTALL_HINT.get(module, f"install the package that provides {module}")
-            raise UsageError(f"recipe {recipe.name!r} needs {module}, which is not installed ({hint})")
-    failure = import_failure(recipe.requires) if recipe.device == "cuda" else None
+    """Refuse, before launching, a recipe whose packages this environment lacks or cannot import; every
+    missing one is named, on one line."""
+    modules = required_modules(recipe)
+    missing = [module for module in modules if not importable(module)]
+    if missing:
+        hints = "; ".join(_INSTALL_HINT.get(module, f"install the package that provides {module}") for module in missing)
+        which = "which is" if len(missing) == 1 else "which are"
+        raise UsageError(f"recipe {recipe.name!r} needs {', '.join(missing)}, {which} not installed ({hints})")
+    failure = import_failure(modules) if recipe.device == "cuda" else None
     if failure is not None:
         module, reason = failure
         raise UsageError(f"recipe {recipe.name!r} needs {module}, which is installed but does not import: {reason}")

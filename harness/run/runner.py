@@ -98,6 +98,8 @@ def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher
                      rows: list[str] | None = None) -> None:
     """Packages, labels, devices, fault ranks and (bridge) Bridge's own config validation — the checks
     that need this machine, before any launch."""
+    for fault in faults:  # user input, refused before any package or device check
+        fault.check_backend(recipe.backend)
     check_packages(recipe)
     check_labels(sweep_rows(recipe, rows))
     if launcher.kind == "slurm":
@@ -182,6 +184,9 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
     ranks = read_row(row_dir, recipe.world_size)
     outcome = classify(ranks, launch, train_iters=recipe.train_iters, row_dir=row_dir,
                        stall_timeout_s=stall_timeout_s, timeout_s=timeout_s)
+    if fault is not None and outcome.status == "completed" and not any(rank.fault_fired for rank in ranks):
+        outcome = Classification("crash", None, None, (), f"the injected fault {fault.spec()!r} never fired: the row "
+                          f"ran to the end untested ({outcome.message})")
     if row != CONTROL_ROW:
         outcome = against_control(outcome, control)
     provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",

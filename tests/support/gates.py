@@ -31,8 +31,10 @@ def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bo
         major, minor = torch.cuda.get_device_capability(0)
         if f"{major}.{minor}" != sm:
             return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
+    # Bridge's training (not its config validation) imports nvidia-resiliency-ext: Bridge on GPUs needs it.
     for wanted, module, name in ((te, "transformer_engine", "Transformer Engine"), (mamba, "mamba_ssm", "mamba-ssm"),
-                                 (bridge, "megatron.bridge", "Megatron Bridge 0.6.2")):
+                                 (bridge, "megatron.bridge", "Megatron Bridge 0.6.2"),
+                                 (bridge and gpus > 0, "nvidia_resiliency_ext.inprocess", "nvidia-resiliency-ext")):
         if wanted and (reason := _import_failure(module)) is not None:
             return f"needs {name}: `import {module}` fails ({reason})"
     return None

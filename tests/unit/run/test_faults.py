@@ -37,3 +37,11 @@ def test_injected_fault_is_classified_with_its_stage(tmp_path, spec, status, ite
         assert len(error_files) == 1
         message = json.loads(error_files[0].read_text())["message"]["message"]
         assert ("out of memory" if status == "oom" else "non-finite loss") in message
+
+
+def test_a_fault_that_never_fires_fails_its_row(tmp_path):
+    # mcore's iteration 1 builds the optimizer (optimizer-init): an optimizer-step fault there never fires.
+    recipe = load_recipe("cpu-moonlight-ep2")
+    _, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault("oom:iteration=1,phase=optimizer-step")])
+    assert result.outcome.status == "crash"
+    assert "never fired" in result.outcome.message and result.record.outcome.status == "crash"
