@@ -1,6 +1,6 @@
 """Wall time of each bump step and of the CI rehearsal (target: rehearsal <= 30 s of the 150 s CPU tier).
 
-Runs the workflow of tests/unit/test_bump_rehearsal.py: megatron-core overlays (cached, see that test)
+Runs the workflow of tests/unit/commands/test_bump.py: megatron-core overlays (cached, see that test)
 shadowing the venv's Megatron Core in a temporary copy of the repository; prints the wall time of
 the whole refresh and of each ``bump`` step (identity, labels, matrix, probe) per revision.
 
@@ -15,8 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
-from test_bump_rehearsal import copy_repo, overlay, refresh  # noqa: E402  (the rehearsal's own helpers)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "commands"))
+from test_bump import copy_repo, overlay, refresh  # noqa: E402  (the rehearsal's own helpers)
 
 
 def main() -> None:

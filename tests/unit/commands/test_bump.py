@@ -25,7 +25,7 @@ from harness.config.revisions import source_fingerprint
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 OVERLAYS = Path(os.environ.get("RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"))
 PIP_TIMEOUT_S = 300
 
