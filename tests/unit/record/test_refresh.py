@@ -36,7 +36,7 @@ def test_refresh_refuses_failed_and_partial_sets_unless_told(tmp_path, capsys):
 def test_cpu_run_records_never_become_timing_goldens(tmp_path, capsys):
     # The CPU runner's records (cpu-moonlight-ep2) carry step times that vary far beyond tolerance.
     cpu = run_record()
-    cpu["hardware"].update(device="cpu", gpu_count=0, sm=None)
+    cpu.hardware.device, cpu.hardware.sm = "cpu", None
     assert refresh(tmp_path, cpu) == 2
     err = capsys.readouterr().err
     assert "cannot become a timing golden" in err and err.count("\n") == 1
