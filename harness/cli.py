@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),
     "golden": ("golden", "refresh goldens from fresh run records"),
+    "bump": ("bump", "after a Megatron Core bump: label diff, matrix drift, CPU goldens (one process)"),
     "run": ("run", "run a recipe sweep with torchrun and write run records"),
     "launch": ("launch", "write a multi-node launch script (slurm)"),
 }

@@ -56,3 +56,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except ValueError as exc:
         raise UsageError(f"{path}: refusing to write: {exc}") from None
     write_text_atomic(path, text)
+
+
+def require_writable_dir(directory: Path) -> None:
+    """``UsageError`` unless ``directory`` (or the nearest existing parent it would be made in) is writable.
+
+    Checked before work whose result is to be written, so that a read-only golden directory is refused
+    up front rather than after minutes of probing.
+    """
+    existing = Path(directory)
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(f"{directory}: not a writable directory; nothing was written")

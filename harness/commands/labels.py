@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from harness.record.label_manifest import manifest_problem, write_manifest
 
     if args.write_manifest:
-        print(f"wrote {write_manifest(args.golden_dir)}")
+        path, written = write_manifest(args.golden_dir)
+        print(f"{'wrote' if written else 'unchanged'} {path}")
         return EXIT_OK
     if args.check:
         problem = manifest_problem(args.golden_dir)

@@ -40,26 +40,41 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.count <= 0:
         raise UsageError("--count must be positive")
+    lines, drifted, summary = drift_report(args.count, args.seed)
+    print(json.dumps(summary, indent=2) if args.json else "\n".join(lines))
+    return EXIT_FAILED if drifted else EXIT_OK
+
+
+def drift_report(count: int = DEFAULT_CHECK_COUNT, seed: int = 0) -> tuple[list[str], bool, dict[str, object]]:
+    """The ``matrix --check`` report as lines, whether it found drift, and the same as JSON-ready data
+    (the bump step reuses it)."""
     from harness.config.revisions import collect_revisions
-    from harness.matrix.check import check
+    from harness.matrix.drift import RULES_FILE, dead_rules, grouped_disagreements, labels_without_rules
     from harness.matrix.oracle import Oracle
     from harness.matrix.space import sample_scenarios
 
     oracle = Oracle()
-    scenarios = sample_scenarios(args.count, oracle.labels, seed=args.seed)
+    scenarios = sample_scenarios(count, oracle.labels, seed=seed)
     started = time.perf_counter()
-    disagreements = check(scenarios, oracle)
+    causes = grouped_disagreements(scenarios, oracle)
+    dead = dead_rules()
+    unruled = labels_without_rules(oracle.labels)
     elapsed = time.perf_counter() - started
     mcore = collect_revisions()["megatron_core"]
-    if args.json:
-        print(json.dumps({"checked": len(scenarios), "seed": args.seed, "megatron_core": mcore,
-                          "elapsed_s": round(elapsed, 3),
-                          "disagreements": [disagreement.report() for disagreement in disagreements]}, indent=2))
-        return EXIT_FAILED if disagreements else EXIT_OK
-    print(
+    total = sum(cause.count for cause in causes)
+    summary = {"checked": len(scenarios), "seed": seed, "megatron_core": mcore, "elapsed_s": round(elapsed, 3),
+               "disagreements": total, "causes": [cause.report() for cause in causes],
+               "dead_rules": [rule.report() for rule in dead], "labels_without_rules": list(unruled)}
+    lines = [
         f"checked {len(scenarios)} configurations against megatron-core {mcore['version']} "
-        f"(fingerprint {mcore['fingerprint']}) in {elapsed:.1f}s: {len(disagreements)} disagreements"
-    )
-    for disagreement in disagreements:
-        print(disagreement.report())
-    return EXIT_FAILED if disagreements else EXIT_OK
+        f"(fingerprint {mcore['fingerprint']}) in {elapsed:.1f}s: {total} disagreements "
+        f"({len(causes)} causes), {len(dead)} rules that can no longer fire, {len(unruled)} labels no rule names"
+    ]
+    if dead:
+        lines.append("rules that can no longer fire on this revision:")
+        lines += [f"  {rule.report()}" for rule in dead]
+    if unruled:
+        lines.append(f"labels the validator accepts that no rule names: {', '.join(unruled)} (add the rules MCore "
+                     f"enforces for them to {RULES_FILE}; the probe lists labels no style model exercises)")
+    lines += [f"cause {number}: {cause.report()}" for number, cause in enumerate(causes, 1)]
+    return lines, bool(causes or dead or unruled), summary

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
@@ -53,7 +54,25 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
     return sizes
 
 
+def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> None:
+    """Before anything runs: an MCore without an identity, a drifted adapter or (to write) a golden
+    directory that cannot be written is one line and exit 2."""
+    from harness.config.revisions import require_identity
+
+    require_identity()  # before torch and Megatron Core are imported
+    from harness.cpu.adapter import require_supported_revision
+    from harness.files import require_writable_dir
+    from harness.record.golden_dir import directory_for, golden_root
+
+    if write:
+        require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
+
+    require_supported_revision("write CPU goldens" if write else "judge CPU goldens")
+
+
 def run(args: argparse.Namespace) -> int:
+    if (args.write_golden or args.check_golden) and not args.list:
+        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
     from harness.models import STYLE_MODELS, style_model
 
     if args.list:
@@ -69,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     label_sets = parse_label_sets(args.modules) if args.modules else None
 
     from harness.probe.runner import probe_models
-    from harness.probe.table import attribution_table, probe_json, probe_table
+    from harness.probe.table import attribution_table, probe_json, probe_table, unmeasured_table
 
     probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout,
                           attention_backend=args.attention_backend, **sizes)
@@ -82,17 +101,38 @@ def run(args: argparse.Namespace) -> int:
             if args.attribution:
                 print(attribution_table(probe))
                 print()
+        unmeasured = unmeasured_table(probes)
+        if unmeasured:
+            print(unmeasured)
+            print()
     exit_code = EXIT_OK
     if args.write_golden or args.check_golden:
-        from harness.probe.golden import check_probe_golden, write_probe_golden
-
-        for probe in probes:
-            if args.write_golden:
-                print(f"wrote {write_probe_golden(probe, args.golden_dir)}")
-                continue
-            path, problems = check_probe_golden(probe, args.golden_dir)
-            print(f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}")
-            for problem in problems:
-                print(f"  {problem}")
-            exit_code = exit_code if not problems else EXIT_FAILED
+        lines, _, differs = golden_step(probes, write=args.write_golden, golden_dir=args.golden_dir)
+        print("\n".join(lines))
+        exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
     return exit_code
+
+
+def golden_step(probes: list, *, write: bool, golden_dir: Path | None = None) -> tuple[list[str], list[str], bool]:
+    """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
+
+    Returns (report lines, paths written, whether any golden differed). The diff against the golden
+    being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
+    """
+    from harness.probe.golden import REFRESH_COMMAND, check_probe_golden, write_probe_golden
+
+    lines: list[str] = []
+    written_paths: list[str] = []
+    differs = False
+    for probe in probes:
+        path, problems = check_probe_golden(probe, golden_dir)
+        differs = differs or bool(problems)
+        if write:
+            path, written = write_probe_golden(probe, golden_dir)
+            lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
+            written_paths += [str(path)] if written else []
+        else:
+            lines.append(f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}")
+            problems += [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+        lines += [f"  {problem}" for problem in problems]
+    return lines, written_paths, differs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
-from harness.config.revisions import FINGERPRINT_SOURCES, collect_revisions
+from harness.config.revisions import collect_revisions, fingerprint_sources, megatron_core_identity
 from harness.errors import EXIT_OK
 
 
@@ -28,5 +29,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     for key, value in revisions.items():
         print(f"{key:<19} {_line(value)}")
-    print(f"{'fingerprint over':<19} megatron/core/{{{', '.join(FINGERPRINT_SOURCES)}}}")
+    identity = megatron_core_identity()
+    if identity["root"] is not None:
+        sources = fingerprint_sources(Path(identity["root"]))
+        print(f"{'imported from':<19} {identity['root']}")
+        print(f"{'fingerprint over':<19} {len(sources)} files: {', '.join(sources)}")
+    for note in identity["notes"]:
+        print(f"{'note':<19} {note}")
     return EXIT_OK

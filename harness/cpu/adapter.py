@@ -1,8 +1,9 @@
 """The narrow, documented CPU adapter that lets real Megatron Core layers run on CPU under gloo.
 
-Megatron Core 0.19.2 model code is device-agnostic except for a few CUDA-only helpers. This module
-replaces exactly those, and nothing else (``PATCHED_SURFACE`` lists them; ``tests/unit/cpu/
-test_adapter.py`` fails when upstream changes any of them):
+Megatron Core 0.19 model code is device-agnostic except for a few CUDA-only helpers. This module
+replaces exactly those, and nothing else (``PATCHED_SURFACE`` lists them, with the upstream digests
+reviewed per revision; ``probe --write-golden`` / ``--check-golden`` refuse, naming each drifted
+object, on a revision whose sources match none of them):
 
 1. ``torch.cuda.current_device()``: MCore allocates on it in the global memory buffer (local core
    attention), the MoE router's gating, and rotary embeddings' forward. Without CUDA it answers
@@ -44,23 +45,30 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-# What the adapter replaces: "owner.attribute" -> sha256[:16] of the upstream source it was written
-# against (torch 2.14.1, megatron-core 0.19.2). Call sites whose use of these names the adapter's
-# meaning relies on are pinned too. ``upstream_drift()`` names every entry that changed.
-PATCHED_SURFACE: dict[str, str] = {
-    "torch.cuda.current_device": "6e9804168a5c7f8c",
-    "torch.cuda.get_rng_state": "1190f97901d79384",
-    "torch.cuda.manual_seed": "a71497712eba81c9",
-    "megatron.core.tensor_parallel.random._get_cuda_rng_state": "aa26caaa069c5c4f",
-    "megatron.core.tensor_parallel.random._set_cuda_rng_state": "b179c9d95438b61c",
+from harness.config.revisions import collect_revisions
+from harness.errors import UsageError
+
+# What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
+# it was reviewed on}. Call sites whose use of these names the adapter's meaning relies on are pinned
+# too. A revision is supported when every object's digest is one of its reviewed digests; to support
+# a new one, read each drifted object's change and add its digest here (never replace an old one:
+# the revisions it was reviewed on stay supported). ``upstream_drift()`` names every object that drifted.
+_TORCH = "torch 2.14.1"
+_MCORE_019 = "megatron-core 0.19.0, 0.19.2"
+PATCHED_SURFACE: dict[str, dict[str, str]] = {
+    "torch.cuda.current_device": {"6e9804168a5c7f8c": _TORCH},
+    "torch.cuda.get_rng_state": {"1190f97901d79384": _TORCH},
+    "torch.cuda.manual_seed": {"a71497712eba81c9": _TORCH},
+    "megatron.core.tensor_parallel.random._get_cuda_rng_state": {"aa26caaa069c5c4f": _MCORE_019},
+    "megatron.core.tensor_parallel.random._set_cuda_rng_state": {"b179c9d95438b61c": _MCORE_019},
 }
-PINNED_CALL_SITES: dict[str, str] = {
-    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": "e5e9ab39a7c1e085",
-    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": "6821e1e397253d43",
-    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": "d3db2ff665789365",
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": "72036565b77136f2",
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": "2e70032a04837267",
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": "1bc8c9c07aba7453",
+PINNED_CALL_SITES: dict[str, dict[str, str]] = {
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": {"e5e9ab39a7c1e085": _MCORE_019},
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": {"6821e1e397253d43": _MCORE_019},
+    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": {"d3db2ff665789365": _MCORE_019},
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": {"72036565b77136f2": _MCORE_019},
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": {"2e70032a04837267": _MCORE_019},
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": {"1bc8c9c07aba7453": _MCORE_019},
 }
 # Bound only without Transformer Engine (they are unbound names there, not replaced functions).
 FP8_DISABLED_NAMES: tuple[str, ...] = ("FP8GlobalStateManager", "activation_recompute_forward", "fp8_autocast")
@@ -89,16 +97,38 @@ def source_digest(obj: Any) -> str:
 
 
 def upstream_drift() -> list[str]:
-    """One line per adapted object whose upstream source no longer matches the pin (empty = none)."""
+    """One line per adapted object whose upstream source matches none of its reviewed digests (empty = none)."""
     drift = [
-        f"{name}: source digest {source_digest(_ORIGINALS[name])} != pinned {pinned}"
-        for name, pinned in {**PATCHED_SURFACE, **PINNED_CALL_SITES}.items()
-        if source_digest(_ORIGINALS[name]) != pinned
+        f"{name}: source digest {source_digest(_ORIGINALS[name])} is not a reviewed one "
+        f"({', '.join(f'{digest} on {revisions}' for digest, revisions in reviewed.items())})"
+        for name, reviewed in {**PATCHED_SURFACE, **PINNED_CALL_SITES}.items()
+        if source_digest(_ORIGINALS[name]) not in reviewed
     ]
     if not transformer_engine_available():
         drift += [f"megatron.core.tensor_parallel.random.{name}: bound without TE (adapter would shadow it)"
                   for name, bound in _FP8_NAMES_BOUND_UPSTREAM.items() if bound]
     return drift
+
+
+def drifted_objects() -> list[str]:
+    """The names of the drifted objects alone, in ``upstream_drift()`` order."""
+    return [line.split(":", 1)[0] for line in upstream_drift()]
+
+
+def require_supported_revision(action: str) -> None:
+    """Raise ``UsageError`` (exit 2, one line, before anything runs) when the adapter drifted.
+
+    A probe through a drifted adapter measures the adapter's stale idea of MCore, so it must not
+    write or judge a golden; ``action`` says what was refused ("write CPU goldens").
+    """
+    drifted = drifted_objects()
+    if drifted:
+        mcore = collect_revisions()["megatron_core"] or {}
+        raise UsageError(
+            f"refusing to {action}: the CPU adapter does not support megatron-core {mcore.get('version')} "
+            f"(fingerprint {mcore.get('fingerprint')}): upstream drifted in {', '.join(drifted)}; review each "
+            "change, then add its digest in harness/cpu/adapter.py"
+        )
 
 
 class _FP8Disabled:

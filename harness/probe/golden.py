@@ -15,11 +15,13 @@ from typing import Any
 
 from harness.compare.comparator import Comparison, compare_records
 from harness.cpu.attention import RECORD_NAMES
+from harness.errors import UsageError
+from harness.probe.coverage import describe_unmeasured, unmeasured_entries
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
 from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
-from harness.record.golden import golden_from_records, load_golden, write_golden
-from harness.record.golden_dir import golden_path_for, golden_root, existing, newest_like, writable
+from harness.record.golden import Golden, golden_from_records, load_golden, write_golden
+from harness.record.golden_dir import existing, golden_path_for, golden_root, newest_like, writable
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
@@ -70,35 +72,80 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
     return records
 
 
-def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> Path:
-    """Write (atomically) the golden for this model and the installed revisions."""
+# Provenance that says when and where, not what: a rewrite that changes only these is no change.
+VOLATILE_PROVENANCE = ("date", "host")
+
+
+def _without_volatile(golden: dict[str, Any]) -> dict[str, Any]:
+    provenance = {k: v for k, v in golden["provenance"].items() if k not in VOLATILE_PROVENANCE}
+    return {**golden, "provenance": provenance}
+
+
+def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, bool]:
+    """Write (atomically) the golden for this model and the installed revisions: (path, written).
+
+    An existing golden that differs only in ``VOLATILE_PROVENANCE`` is left alone, byte for byte, so a
+    refresh on an unchanged revision writes nothing.
+    """
     records = probe_records(probe)
     path = golden_path_for(records, writable(golden_root(root)))
     golden = golden_from_records(records, {
         "source": "cpu probe run", "command": REFRESH_COMMAND, "host": socket.gethostname(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": None, "driver": None,
     })
+    golden.unmeasured = unmeasured_entries(probe)
+    if path.is_file():
+        try:
+            if _without_volatile(load_golden(path).to_json()) == _without_volatile(golden.to_json()):
+                return path, False
+        except UsageError:
+            pass  # an unreadable golden is replaced
     write_golden(path, golden)
-    return path
+    return path, True
 
 
 def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
-    """(golden path, problems): one readable line per changed value; empty when everything matches."""
+    """(golden path, problems): one readable line per changed value or unmeasured status; empty when
+    everything matches. For new pins: that the golden is missing, then the diff against the newest
+    golden of the same model (the Megatron Core bump's per-label diff)."""
     records = probe_records(probe)
     path = golden_path_for(records, existing(golden_root(root)))
+    unmeasured = unmeasured_entries(probe)
     if path.is_file():
-        problems = _changed_values(compare_records(load_golden(path), records, str(path)))
-        return path, problems + ([f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else [])
-    problems = [f"no CPU golden {path.name} for these revisions; write it with: {REFRESH_COMMAND}"]
+        golden = load_golden(path)
+        problems = _changed_values(compare_records(golden, records, str(path)))
+        return path, problems + _unmeasured_changes(golden, unmeasured)
+    problems = [f"no CPU golden {path.name} for these revisions"]
     found = newest_like(path)
     if found is not None:
         # After a Megatron Core bump: show per label what changed against the last pinned golden.
         previous, golden = found
         changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
+        changed += _unmeasured_changes(golden, unmeasured)
         problems.append(f"against {previous.name} (other revisions): "
-                        + (f"{len(changed)} value(s) changed" if changed else "no value changed"))
+                        + (f"{len(changed)} change(s)" if changed else "no value changed"))
         problems += changed
     return path, problems
+
+
+def _unmeasured_key(entry: dict[str, Any]) -> tuple[str, str | None]:
+    return entry["status"], entry.get("rule")
+
+
+def _unmeasured_changes(golden: Golden, unmeasured: list[dict[str, Any]]) -> list[str]:
+    """One line per label whose unmeasured status changed (goldens from before the list: every entry)."""
+    before = {entry["label"]: entry for entry in golden.unmeasured or []}
+    now = {entry["label"]: entry for entry in unmeasured}
+    lines = []
+    for label in sorted(set(before) | set(now)):
+        old, new = before.get(label), now.get(label)
+        if old is not None and new is not None and _unmeasured_key(old) == _unmeasured_key(new):
+            continue
+        if new is None:
+            lines.append(f"{label}: now measured (was unmeasured: {describe_unmeasured(old)})")
+        else:
+            lines.append(f"{label}: unmeasured: {describe_unmeasured(new)}")
+    return lines
 
 
 def _changed_values(comparison: Comparison) -> list[str]:

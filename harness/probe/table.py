@@ -6,6 +6,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
+from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import CRASH, EFFECTIVE, HANG, REQUIRES_TE
 
@@ -95,7 +96,22 @@ def attribution_table(probe: ModelProbe) -> str:
     return "\n".join(lines)
 
 
+def unmeasured_table(probes: list[ModelProbe]) -> str:
+    """The labels no probed model exercises, with each model's reason ("" when every label is measured)."""
+    missing = unmeasured_everywhere(probes)
+    if not missing:
+        return ""
+    lines = [f"## Unmeasured labels: accepted by this Megatron Core, exercised by none of "
+             f"{', '.join(probe.model for probe in probes)}", "",
+             "| Label | Why, per model |", "|---|---|"]
+    for label, entries in missing.items():
+        why = "; ".join(f"{model}: {describe_unmeasured(entry)}" for model, entry in entries)
+        lines.append(f"| `{label}` | unmeasured — {why.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
 def probe_json(probe: ModelProbe) -> dict[str, Any]:
     return {"model": probe.model, "description": probe.description, "seq_length": probe.seq_length,
             "micro_batch_size": probe.micro_batch_size,
-            "attention_backend": probe.attention_backend, "rows": [row.as_dict() for row in probe.rows]}
+            "attention_backend": probe.attention_backend, "rows": [row.as_dict() for row in probe.rows],
+            "unmeasured": unmeasured_entries(probe)}

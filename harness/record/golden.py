@@ -63,15 +63,19 @@ class Golden:
     peak_scope: str | None = None
     # As-run workload facts (WORKLOAD_IDENTITY_KEYS); None in goldens written before them and transcribed ones.
     workload: dict[str, str | None] | None = None
+    # CPU probes: the accepted labels the model does not exercise, with why (harness.probe.coverage).
+    unmeasured: list[dict[str, Any]] | None = None
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> "Golden":
         validate_golden(data, source)
         rows = [GoldenRow(row["label"], RecomputeFields.from_dict(row["recompute"]), dict(row["outcome"]),
                           dict(row["values"]), row.get("record")) for row in data["rows"]]
+        unmeasured = data.get("unmeasured")
         return cls(data["kind"], data["recipe"], dict(data["hardware"]), data["pins"], dict(data["provenance"]),
                    {name: dict(rule) for name, rule in data["tolerance"].items()}, rows, data.get("peak_scope"),
-                   None if data.get("workload") is None else dict(data["workload"]))
+                   None if data.get("workload") is None else dict(data["workload"]),
+                   None if unmeasured is None else [dict(entry) for entry in unmeasured])
 
     def to_json(self) -> dict[str, Any]:
         data = {
@@ -83,6 +87,8 @@ class Golden:
             data["peak_scope"] = self.peak_scope
         data.update({"provenance": dict(self.provenance), "tolerance": self.tolerance,
                      "rows": [row.to_json() for row in self.rows]})
+        if self.unmeasured is not None:
+            data["unmeasured"] = [dict(entry) for entry in self.unmeasured]
         return data
 
     @property

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from harness.config.labels import accepted_labels
-from harness.config.revisions import collect_revisions
+from harness.config.revisions import collect_revisions, require_identity
 from harness.errors import UsageError
-from harness.files import write_json_atomic
-from harness.record.golden_dir import golden_root, existing, labels_dir, writable
+from harness.files import require_writable_dir, write_json_atomic
+from harness.record.golden_dir import existing, golden_root, labels_dir, writable
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 REFRESH_COMMAND = "./venv-run recompute-harness labels --write-manifest"
@@ -25,10 +25,16 @@ def manifest_path(fingerprint: str, root: Path | None = None) -> Path:
     return labels_dir(golden_root(root)) / f"{fingerprint}.json"
 
 
-def write_manifest(root: Path | None = None) -> Path:
-    """Write the manifest for the installed MCore (temp file + rename: never half-written)."""
-    revisions = collect_revisions()
-    mcore = revisions["megatron_core"]
+def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
+    """Write the manifest for the imported MCore: (path, written). Atomic; never half-written.
+
+    Refused (``UsageError``) when the imported MCore has no identity or the labels directory is not
+    writable. A manifest whose labels and identity are unchanged is left alone, byte for byte (its
+    ``created`` stays), so a refresh on an unchanged revision writes nothing.
+    """
+    require_identity()
+    require_writable_dir(labels_dir(golden_root(root)))
+    mcore = collect_revisions()["megatron_core"]
     manifest = {
         "schema": MANIFEST_SCHEMA,
         "schema_version": 1,
@@ -39,8 +45,15 @@ def write_manifest(root: Path | None = None) -> Path:
         "labels": sorted(accepted_labels()),
     }
     path = manifest_path(mcore["fingerprint"], writable(golden_root(root)))
+    if path.is_file():
+        try:
+            previous = _load(path)
+        except UsageError:
+            previous = {}  # an unreadable manifest is replaced
+        if {**previous, "created": None} == {**manifest, "created": None}:
+            return path, False
     write_json_atomic(path, manifest)
-    return path
+    return path, True
 
 
 def _load(path: Path) -> dict[str, Any]:

@@ -23,9 +23,14 @@ class CoreRevision:
     version: str | None
     commit: str | None
     fingerprint: str | None
+    # What package metadata claimed ({version, commit}), only when it disagreed with the imported code.
+    package: dict[str, str | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "commit": self.commit, "fingerprint": self.fingerprint}
+        data: dict[str, Any] = {"version": self.version, "commit": self.commit, "fingerprint": self.fingerprint}
+        if self.package is not None:
+            data["package"] = dict(self.package)
+        return data
 
 
 @dataclass

@@ -75,6 +75,11 @@ def plan_refresh(records: Sequence[Record], golden_root: Path, command: str,
     for record in records:
         if record.kind == "reference":
             raise UsageError(f"{record.id}: reference records are transcribed (python -m harness.record.seed), not refreshed")
+        if record.kind == "run" and record.hardware.device == "cpu":
+            # CPU step times and peaks vary run to run far beyond a timing golden's tolerance; the
+            # CPU's deterministic measurements are the probe's goldens (probe --write-golden).
+            raise UsageError(f"{record.id}: a CPU run record cannot become a timing golden; "
+                             "CPU goldens come from: recompute-harness probe --all --write-golden")
         groups.setdefault(golden_path_for([record], Path(golden_root)), []).append(record)
     plans = []
     for target, group in groups.items():

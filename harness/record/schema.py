@@ -169,7 +169,13 @@ def _check_revisions(check: _Checker, revisions: Any, kind: str) -> None:
     )
     # Reference rows carry only what the source states; measured records carry their own pins.
     measured = kind != "reference"
-    mcore = check.obj(revisions["megatron_core"], "revisions.megatron_core", ("version", "commit", "fingerprint"))
+    # ``package``: what package metadata claimed, recorded only when it disagreed with the imported code.
+    mcore = check.obj(revisions["megatron_core"], "revisions.megatron_core", ("version", "commit", "fingerprint"),
+                      ("package",))
+    if "package" in mcore:
+        package = check.obj(mcore["package"], "revisions.megatron_core.package", ("version", "commit"))
+        check.string(package["version"], "revisions.megatron_core.package.version", nullable=True)
+        check.string(package["commit"], "revisions.megatron_core.package.commit", nullable=True)
     for key in ("version", "commit", "fingerprint"):
         check.string(mcore[key], f"revisions.megatron_core.{key}", nullable=not measured or key == "commit")
     if revisions["megatron_bridge"] is not None:

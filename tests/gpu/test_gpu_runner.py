@@ -83,11 +83,18 @@ def test_moonlight_seed_study_matches_its_golden(tmp_path):
 
     from harness.config.revisions import collect_revisions
 
-    golden_path = next(golden_root().glob("moonlight-full-8gpu__H100_80GBx8__*.json"))
-    golden = load_golden(golden_path)
-    pinned, installed = golden.pins["megatron_core"]["commit"], collect_revisions()["megatron_core"]["commit"]
-    if installed != pinned:  # the comparator would refuse (exit 2): the seed values hold for that pin only
-        pytest.skip(f"installed Megatron Core commit {installed} is not the seed study's pin {pinned}")
+    # Several pins can hold a golden for this recipe (a refresh adds one per bump): pick the one
+    # pinned to the installed Megatron Core and Bridge commits; the seed values hold for that pin only.
+    installed = collect_revisions()
+    want = (installed["megatron_core"]["commit"], (installed["megatron_bridge"] or {}).get("commit"))
+    candidates = {path: load_golden(path) for path in golden_root().glob("moonlight-full-8gpu__H100_80GBx8__*.json")}
+    matching = [(path, golden) for path, golden in candidates.items()
+                if (golden.pins["megatron_core"]["commit"], (golden.pins["megatron_bridge"] or {}).get("commit"))
+                == want]
+    if not matching:
+        pinned = sorted(golden.pins["megatron_core"]["commit"] or "-" for golden in candidates.values())
+        pytest.skip(f"no moonlight-full-8gpu golden pinned to the installed commits {want}; pinned: {pinned}")
+    (golden_path, golden), = matching
     _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _out(tmp_path))
     comparison = compare_records(golden, [r.record for r in results], str(golden_path))
     assert comparison.passed, [check.verdict for check in comparison.failures]

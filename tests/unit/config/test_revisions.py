@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from importlib import metadata
+from pathlib import Path
+
+import pytest
 
 from harness.cli import main
 from harness.config.revisions import (
-    FINGERPRINT_SOURCES,
+    REQUIRED_SOURCES,
+    IdentityError,
     collect_revisions,
+    fingerprint_sources,
+    identity_problem,
+    megatron_core_identity,
     megatron_core_root,
     source_fingerprint,
     vcs_commit,
 )
+from harness.record.golden_dir import golden_root, labels_dir
 
 
 def test_revisions_block_has_the_record_shape():
@@ -21,8 +32,11 @@ def test_revisions_block_has_the_record_shape():
     assert set(revisions) == {
         "torch", "megatron_core", "megatron_bridge", "transformer_engine", "cuda", "driver", "python"}
     assert revisions["torch"] == metadata.version("torch")
-    assert revisions["megatron_core"]["version"] == metadata.version("megatron-core")
-    assert set(revisions["megatron_core"]) == {"version", "commit", "fingerprint"}
+    identity = megatron_core_identity()
+    assert revisions["megatron_core"]["version"] == identity["version"]
+    # ``package`` appears only when the metadata disagrees with the imported code.
+    assert set(revisions["megatron_core"]) - {"package"} == {"version", "commit", "fingerprint"}
+    assert ("package" in revisions["megatron_core"]) == (identity["package"] is not None)
     assert revisions["megatron_core"]["fingerprint"] == source_fingerprint()
     # Bridge needs TE built against CUDA: absent on the CPU tier, and then reported as null.
     assert (revisions["megatron_bridge"] is None) == (not _installed("megatron-bridge"))
@@ -36,19 +50,56 @@ def _installed(name: str) -> bool:
     return True
 
 
-def test_fingerprint_follows_every_listed_source(tmp_path):
+def _copy_sources(root, target):
+    for relative in fingerprint_sources(root):
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / relative, target / relative)
+
+
+def test_fingerprint_follows_every_derived_source(tmp_path):
     root = megatron_core_root()
+    sources = fingerprint_sources(root)
+    # Derived from the tree: the validator, the checkpoint code, and every module reading a recompute
+    # field (the MoE experts among them), whatever this revision calls its files.
+    assert set(REQUIRED_SOURCES) <= set(sources)
+    assert any(path.startswith("transformer/moe/") for path in sources)
     copy = tmp_path / "core"
-    for relative in FINGERPRINT_SOURCES:
-        source = root / relative
-        assert source.exists(), f"fingerprint source {relative} is missing from megatron-core"
-        target = copy / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
+    _copy_sources(root, copy)
     assert source_fingerprint(copy) == source_fingerprint()
     config = copy / "transformer" / "transformer_config.py"
-    config.write_text(config.read_text().replace('"mlp",', '"mlp", "mhc",', 1))
+    config.write_text(config.read_text().replace('"mlp",', '"mlp", "harness_new_label",', 1))
     assert source_fingerprint(copy) != source_fingerprint()
+
+
+def test_a_new_module_reading_recompute_modules_joins_the_fingerprint(tmp_path):
+    copy = tmp_path / "core"
+    _copy_sources(megatron_core_root(), copy)
+    before = source_fingerprint(copy)
+    module = copy / "transformer" / "harness_new_block.py"
+    module.write_text("def forward(config):\n    return 'harness_new_label' in config.recompute_modules\n")
+    assert "transformer/harness_new_block.py" in fingerprint_sources(copy)
+    assert source_fingerprint(copy) != before
+    module.write_text("def forward(config):\n    return None\n")  # unrelated code is not covered
+    assert source_fingerprint(copy) == before
+
+
+def test_a_missing_required_source_is_an_error_not_a_skip(tmp_path):
+    copy = tmp_path / "core"
+    _copy_sources(megatron_core_root(), copy)
+    (copy / "tensor_parallel" / "random.py").unlink()
+    with pytest.raises(IdentityError, match="missing tensor_parallel/random.py"):
+        source_fingerprint(copy)
+
+
+def test_identity_describes_the_imported_code():
+    identity = megatron_core_identity()
+    import megatron.core
+
+    assert Path(identity["root"]) == Path(megatron.core.__file__).resolve().parent
+    assert identity_problem() is None
+    # The version comes from the imported tree's package_info.py (read, never executed: executing
+    # it would append the commit of whatever repository holds the file).
+    assert identity["version"] == megatron.core.package_info.__shortversion__
 
 
 def test_vcs_commit_comes_from_pep_610_direct_url(tmp_path):
@@ -68,3 +119,51 @@ def test_revisions_command_prints_the_block_as_json(capsys):
     assert json.loads(capsys.readouterr().out) == collect_revisions()
     assert main(["revisions"]) == 0
     assert "fingerprint=" in capsys.readouterr().out
+
+
+def _checkout(tmp_path: Path) -> Path:
+    """A git work tree holding the installed Megatron Core's sources, as a source checkout would."""
+    root = megatron_core_root()
+    repo = tmp_path / "Megatron-LM"
+    core = repo / "megatron" / "core"
+    _copy_sources(root, core)
+    for name in ("__init__.py", "package_info.py"):
+        shutil.copy(root / name, core / name)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
+    return repo
+
+
+def _harness(repo: Path, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "harness.cli", *argv], env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path):
+    repo = _checkout(tmp_path)
+    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    mcore = json.loads(_harness(repo, "revisions", "--json").stdout)["megatron_core"]
+    assert mcore["commit"] == commit  # from the work tree that holds the imported code
+    assert mcore["package"] == {"version": metadata.version("megatron-core"), "commit": None}  # both are kept
+    assert mcore["fingerprint"] == source_fingerprint(repo / "megatron" / "core")
+    # Local changes: no commit describes the code any more (the fingerprint still does).
+    config = repo / "megatron" / "core" / "transformer" / "transformer_config.py"
+    config.write_text(config.read_text() + "\n# local edit\n")
+    done = _harness(repo, "revisions")
+    assert "commit=-" in done.stdout and "has local changes" in done.stdout
+
+
+def test_an_unidentifiable_megatron_core_is_refused_before_anything_is_written(tmp_path):
+    repo = _checkout(tmp_path)
+    (repo / "megatron" / "core" / "package_info.py").unlink()  # no version in the tree, none in metadata for it
+    manifests = labels_dir(golden_root())
+    before = sorted(p.name for p in manifests.iterdir())
+    for argv in (["labels", "--write-manifest"], ["probe", "--all", "--write-golden"]):
+        done = _harness(repo, *argv)
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.count("\n") == 1 and "has no version" in done.stderr, done.stderr
+    assert sorted(p.name for p in manifests.iterdir()) == before

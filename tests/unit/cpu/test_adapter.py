@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from harness.cpu import adapter
+from harness.errors import UsageError
 
 
 @pytest.fixture(scope="module")
@@ -13,17 +14,27 @@ def cpu_group():
     adapter.init_cpu_parallel_state()
 
 
-def test_upstream_still_matches_what_the_adapter_replaces():
-    # Fails loudly on an MCore/torch bump that changes any replaced function or a call site the
-    # adapter's meaning relies on: re-read the change, then re-pin PATCHED_SURFACE / PINNED_CALL_SITES.
-    assert adapter.upstream_drift() == []
+@pytest.mark.parametrize("name", sorted({**adapter.PATCHED_SURFACE, **adapter.PINNED_CALL_SITES}))
+def test_upstream_still_matches_what_the_adapter_replaces(name):
+    # One test per adapted object: a bump that changes some of them fails once for each, by name.
+    # Re-read the change, then add its digest to PATCHED_SURFACE / PINNED_CALL_SITES.
+    assert name not in adapter.drifted_objects(), next(line for line in adapter.upstream_drift()
+                                                        if line.startswith(name))
 
 
-def test_drift_is_reported_by_name(monkeypatch):
+def test_drift_is_reported_by_name_and_refused(monkeypatch):
     name = "megatron.core.tensor_parallel.random._set_cuda_rng_state"
-    monkeypatch.setitem(adapter.PATCHED_SURFACE, name, "0" * 16)
-    drift = adapter.upstream_drift()
-    assert len(drift) == 1 and drift[0].startswith(name)
+    already = adapter.drifted_objects()
+    monkeypatch.setitem(adapter.PATCHED_SURFACE, name, {"0" * 16: "a revision never installed"})
+    assert adapter.drifted_objects() == sorted({*already, name}, key=[*adapter.PATCHED_SURFACE,
+                                                                     *adapter.PINNED_CALL_SITES].index)
+    with pytest.raises(UsageError, match=rf"refusing to write CPU goldens: .*drifted in .*{name}"):
+        adapter.require_supported_revision("write CPU goldens")
+
+
+def test_every_pin_names_the_revisions_it_was_reviewed_on():
+    for name, reviewed in {**adapter.PATCHED_SURFACE, **adapter.PINNED_CALL_SITES}.items():
+        assert reviewed and all(len(digest) == 16 and revisions for digest, revisions in reviewed.items()), name
 
 
 def test_fp8_names_are_unbound_upstream_without_te():

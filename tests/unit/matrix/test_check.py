@@ -3,11 +3,15 @@ with the real validator (Hypothesis differential test)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, strategies as st
 
 from harness.cli import main
 from harness.config.validate import validate
 from harness.matrix.check import check, compare, minimize
+from harness.matrix.drift import (
+    RULES_FILE, dead_rules, fields_named, grouped_disagreements, labels_without_rules,
+)
 from harness.matrix.oracle import Oracle
 from harness.config.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
 from harness.matrix.space import DIMENSIONS, MAX_LABELS, UNKNOWN_LABELS, Scenario, options_of, sample_scenarios
@@ -56,18 +60,30 @@ def test_rules_are_well_formed():
     assert rule_for_message("something MCore has never said") == UNCLASSIFIED
 
 
+DEAD = {dead.rule for dead in dead_rules()}
+
+
+@pytest.mark.parametrize("rule_id", [rule.id for rule in RULES if rule.message and rule.differential])
+def test_every_validator_rule_can_still_fire(rule_id):
+    # One test per rule: a bump that removes or rewords some checks fails once for each, by rule id.
+    assert rule_id not in DEAD, next(dead.report() for dead in dead_rules() if dead.rule == rule_id)
+
+
 def test_every_validator_rule_is_reachable_and_recognized():
     examples: dict[str, Scenario] = {}
     for scenario in sample_scenarios(20_000, ORACLE.labels, seed=7):
         prediction = ORACLE.predict(scenario.fields())
         for rule in (prediction.rule, *prediction.warning_rules):
             examples.setdefault(rule, scenario)
-    unreached = {rule.id for rule in RULES if rule.message and rule.differential} - set(examples)
+    # A rule that can no longer fire fails test_every_validator_rule_can_still_fire (once, by name).
+    unreached = {rule.id for rule in RULES if rule.message and rule.differential} - set(examples) - DEAD
     assert not unreached, f"the configuration space never reaches {sorted(unreached)}"
     for rule_id, scenario in examples.items():
         if rule_id is None:
             continue
         verdict = validate(scenario.fields())
+        if verdict.rule == UNCLASSIFIED:
+            continue  # a message no rule knows: test_every_validator_message_is_classified names it
         assert rule_id in (verdict.rule, *verdict.warning_rules), (rule_id, scenario.describe(), verdict)
         if verdict.rule == rule_id:
             assert verdict.mcore_exception == RULES_BY_ID[rule_id].raises
@@ -110,6 +126,53 @@ def test_matrix_command_prints_every_rule(capsys):
 
 
 def test_matrix_check_command(capsys):
-    assert main(["matrix", "--check", "--count", "300"]) == 0
+    # Exit 1 exactly when there is drift; which drift is named by the tests above, once each.
+    drift = bool(DEAD or labels_without_rules(ORACLE.labels) or check(sample_scenarios(300, ORACLE.labels), ORACLE))
+    assert main(["matrix", "--check", "--count", "300"]) == (1 if drift else 0)
     assert "checked 300 configurations" in capsys.readouterr().out
     assert main(["matrix", "--check", "--count", "0"]) == 2
+
+
+def test_a_removed_validator_check_is_a_rule_that_can_no_longer_fire(tmp_path):
+    import shutil
+
+    from harness.config.revisions import fingerprint_sources, megatron_core_root
+
+    root, copy = megatron_core_root(), tmp_path / "core"
+    for relative in fingerprint_sources(root):
+        (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(root / relative, copy / relative)
+    config = copy / "transformer" / "transformer_config.py"
+    text = config.read_text()
+    assert "mla_up_proj in recompute_modules is only supported with" in text
+    config.write_text(text.replace("mla_up_proj in recompute_modules is only supported with", "(reworded)"))
+    # Named once, next to whatever this revision already lacks (reported by the test above).
+    assert [dead.rule for dead in dead_rules(copy) if dead.rule not in DEAD] == ["labels.mla_up_proj-needs-mla"]
+
+
+def test_disagreements_are_grouped_by_cause_with_one_minimal_config():
+    blind_to_mlp = Oracle(labels=ORACLE.labels - {"mlp"})
+    causes = grouped_disagreements(sample_scenarios(400, ORACLE.labels, seed=1), blind_to_mlp)
+    (cause,) = [cause for cause in causes if cause.key == ("verdict", "labels.unknown", "accept")]
+    assert cause.count > 1  # many sampled configs, one entry
+    assert cause.example.scenario.modules == ("mlp",) and cause.example.scenario.describe() == (
+        "recompute_granularity='selective', recompute_modules=['mlp']")
+    assert "matrix says labels.unknown, MCore says accept" in cause.report()
+
+
+def test_an_unknown_validator_message_names_its_fields_and_the_file_to_edit():
+    assert fields_named("'x' in recompute_modules requires moe_grouped_gemm=True and fp8") == [
+        "recompute_modules", "moe_grouped_gemm", "fp8"]
+    assert labels_without_rules({"harness_new_label"}) == ["harness_new_label"]
+
+
+@pytest.mark.parametrize("label", sorted(ORACLE.labels))
+def test_every_accepted_label_is_named_by_a_rule(label):
+    # One test per label: a bump that adds labels the matrix does not know fails once for each.
+    assert label not in labels_without_rules(ORACLE.labels), f"no rule in {RULES_FILE} names {label!r}"
+
+
+def test_every_validator_message_is_classified():
+    causes = grouped_disagreements(sample_scenarios(2_000, ORACLE.labels, seed=7), ORACLE)
+    unclassified = [cause.report() for cause in causes if cause.key[0] == "unclassified"]
+    assert not unclassified, "\n".join(unclassified)

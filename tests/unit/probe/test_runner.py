@@ -7,9 +7,11 @@ import json
 import pytest
 
 from harness.models import STYLE_MODELS
-from harness.probe.golden import REFRESH_COMMAND, check_probe_golden, probe_records, write_probe_golden
+from harness.probe.coverage import describe_unmeasured
+from harness.probe.golden import check_probe_golden, probe_records, write_probe_golden
 from harness.probe.runner import probe_models
 from harness.probe.table import attribution_table, grouped_attribution, probe_table
+from harness.record.golden import golden_filename
 
 # Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
 CHECKPOINT_LABELS = ("core_attn", "mlp", "moe", "shared_experts", "mla_up_proj", "full-uniform-1", "full-block-1")
@@ -36,30 +38,47 @@ def test_cpu_goldens_match(probes):
 
 def test_golden_diff_is_readable_per_label(probes, tmp_path):
     probe = probes["moonlight-tiny"]
-    path = write_probe_golden(probe, tmp_path)
+    path, written = write_probe_golden(probe, tmp_path)
+    assert written
     golden = json.loads(path.read_text())
     row = next(row for row in golden["rows"] if row["label"] == "mla_up_proj")
     row["values"]["retained_bytes"] += 4096
     path.write_text(json.dumps(golden))
     _, problems = check_probe_golden(probe, tmp_path)
     assert problems[0].startswith("mla_up_proj: retained_bytes ")
-    assert "FAIL" in problems[0] and problems[-1].endswith(REFRESH_COMMAND)
-    assert len(problems) == 2
+    assert "FAIL" in problems[0] and len(problems) == 1
+
+
+def test_rewriting_an_unchanged_golden_writes_nothing_and_lists_unmeasured_labels(probes, tmp_path):
+    probe = probes["dense-tiny"]
+    path, _ = write_probe_golden(probe, tmp_path)
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    assert write_probe_golden(probe, tmp_path) == (path, False)  # only the date would have changed
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+    golden = json.loads(path.read_text())
+    unmeasured = {entry["label"]: entry for entry in golden["unmeasured"]}
+    # dense-tiny has no MoE and no MLA: those labels are listed with why, never dropped.
+    assert unmeasured["mla_up_proj"]["status"] == "rejected" and unmeasured["mla_up_proj"]["rule"]
+    assert unmeasured["moe"]["status"] == "inactive"
+    removed = golden["unmeasured"].pop(0)
+    path.write_text(json.dumps(golden))
+    _, problems = check_probe_golden(probe, tmp_path)
+    assert problems == [f"{removed['label']}: unmeasured: {describe_unmeasured(removed)}"]
 
 
 def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes, tmp_path):
     probe = probes["moonlight-tiny"]
-    path = write_probe_golden(probe, tmp_path)
+    path, _ = write_probe_golden(probe, tmp_path)
     golden = json.loads(path.read_text())
-    golden["pins"]["megatron_core"]["fingerprint"] = "0000000000000000"  # as written by an older MCore
+    # As written by an older MCore, whether this one is pinned by a version or by a commit.
+    golden["pins"]["megatron_core"] = {"version": "0.0.1", "commit": None, "fingerprint": "0000000000000000"}
     next(row for row in golden["rows"] if row["label"] == "moe")["values"]["backward_flops"] += 1
-    older = path.with_name(path.name.replace(probe_records(probe)[0].revisions.megatron_core.fingerprint,
-                                             "0000000000000000"))
+    older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
     path.unlink()
     _, problems = check_probe_golden(probe, tmp_path)
-    assert problems[0].startswith("no CPU golden ") and problems[0].endswith(REFRESH_COMMAND)
-    assert problems[1] == f"against {older.name} (other revisions): 1 value(s) changed"
+    assert problems[0].startswith("no CPU golden ")
+    assert problems[1] == f"against {older.name} (other revisions): 1 change(s)"
     assert problems[2].startswith("moe: backward_flops ") and "FAIL" in problems[2]
     assert len(problems) == 3
 

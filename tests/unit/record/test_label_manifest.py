@@ -16,28 +16,43 @@ def test_labels_match_the_manifest_pinned_for_this_megatron_core():
 
 
 def test_label_change_reads_as_a_diff_naming_the_refresh_command(tmp_path):
-    path = write_manifest(tmp_path)
+    path, written = write_manifest(tmp_path)
+    assert written
     manifest = json.loads(path.read_text())
     dropped = manifest["labels"].pop()
-    manifest["labels"].append("mhc")  # as a development head would add it
+    manifest["labels"].append("harness_retired_label")  # a label the pinned revision had and this one lacks
     path.write_text(json.dumps(manifest))
     problem = manifest_problem(tmp_path)
-    assert f"added: {dropped}" in problem and "removed: mhc" in problem and REFRESH_COMMAND in problem
+    assert f"added: {dropped}" in problem and "removed: harness_retired_label" in problem and REFRESH_COMMAND in problem
+
+
+def test_rewriting_an_unchanged_manifest_writes_nothing(tmp_path):
+    path, _ = write_manifest(tmp_path)
+    before = (path.read_bytes(), path.stat().st_mtime_ns)
+    assert write_manifest(tmp_path) == (path, False)
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+
+
+def test_an_unwritable_manifest_directory_is_refused(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    with pytest.raises(UsageError, match="not a writable directory"):
+        write_manifest(blocked / "labels")
 
 
 def test_new_fingerprint_is_compared_with_the_newest_manifest(tmp_path):
-    path = write_manifest(tmp_path)
+    path, _ = write_manifest(tmp_path)
     path.rename(path.parent / "0000000000000000.json")
     problem = manifest_problem(tmp_path)
     assert "no label manifest for Megatron Core fingerprint" in problem and "labels unchanged" in problem
 
 
 def test_corrupt_manifest_is_a_usage_error(tmp_path):
-    path = write_manifest(tmp_path)
+    path, _ = write_manifest(tmp_path)
     path.write_bytes(b"{not json")
     with pytest.raises(UsageError, match="unreadable label manifest"):
         manifest_problem(tmp_path)
 
 
 def test_manifest_lives_under_the_roots_labels_directory(tmp_path):
-    assert write_manifest(tmp_path).parent == tmp_path / "labels"
+    assert write_manifest(tmp_path)[0].parent == tmp_path / "labels"

@@ -31,3 +31,13 @@ def test_refresh_refuses_failed_and_partial_sets_unless_told(tmp_path, capsys):
     assert refresh(tmp_path, run_record(), run_record("moe_act", status="oom"), flags=["--allow-failed"]) == 0
     assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"), *write_records(tmp_path / "q", run_record())]) == 2
     assert "rows moe_act of the previous golden were not measured" in capsys.readouterr().err
+
+
+def test_cpu_run_records_never_become_timing_goldens(tmp_path, capsys):
+    # The CPU runner's records (cpu-moonlight-ep2) carry step times that vary far beyond tolerance.
+    cpu = run_record()
+    cpu.hardware.device, cpu.hardware.sm = "cpu", None
+    assert refresh(tmp_path, cpu) == 2
+    err = capsys.readouterr().err
+    assert "cannot become a timing golden" in err and err.count("\n") == 1
+    assert not (tmp_path / "golden").exists()

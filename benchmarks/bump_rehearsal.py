@@ -1,0 +1,43 @@
+"""Wall time of each bump step and of the CI rehearsal (target: rehearsal <= 30 s of the 150 s CPU tier).
+
+Runs the workflow of tests/unit/commands/test_bump.py: megatron-core overlays (cached, see that test)
+shadowing the venv's Megatron Core in a temporary copy of the repository; prints the wall time of
+the whole refresh and of each ``bump`` step (identity, labels, matrix, probe) per revision.
+
+    ./venv-run python benchmarks/bump_rehearsal.py [--versions 0.18.2 0.19.0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "commands"))
+from test_bump import copy_repo, overlay, refresh  # noqa: E402  (the rehearsal's own helpers)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--versions", nargs="+", default=["0.18.2", "0.19.0"])
+    args = parser.parse_args()
+    for version in args.versions:
+        started = time.monotonic()
+        mcore = overlay(version)
+        installed = time.monotonic() - started
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = copy_repo(Path(tmp))
+            for attempt in ("first", "second"):
+                started = time.monotonic()
+                done = refresh(repo, mcore)
+                total = time.monotonic() - started
+                steps = next((line for line in done.stdout.splitlines() if line.startswith("wall time:")), "?")
+                print(f"megatron-core {version} ({attempt} refresh, exit {done.returncode}): {total:.1f} s; "
+                      f"overlay {installed:.1f} s; {steps}")
+                installed = 0.0
+
+
+if __name__ == "__main__":
+    main()

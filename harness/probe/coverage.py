@@ -1,0 +1,43 @@
+"""Which accepted labels a probe did not exercise, and why: listed as ``unmeasured``, never dropped.
+
+A label is exercised on a model when its single-label row is ``effective``. Every other status
+(``inactive``: the model lacks the feature; ``rejected``: the validator wants a feature the model
+lacks; ``requires-TE``; ``hang``; ``crash``) leaves the label unmeasured there, with the row's reason.
+Across models, a label no model exercises is unmeasured by the whole probe: tables, JSON and golden
+diffs say so (a new label on a Megatron Core bump shows up here before any style model covers it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.probe.runner import ModelProbe, ProbeRowResult
+from harness.probe.status import EFFECTIVE
+
+
+def single_label_rows(probe: ModelProbe) -> list[ProbeRowResult]:
+    """The rows that probe one accepted label alone (in plan order), the deadlock probe aside."""
+    return [row for row in probe.rows if row.fields.granularity == "selective" and not row.add_bias_linear
+            and row.fields.modules is not None and len(row.fields.modules) == 1]
+
+
+def unmeasured_entries(probe: ModelProbe) -> list[dict[str, Any]]:
+    """The accepted labels this model does not exercise, with status, rule id and reason."""
+    return [{"label": row.label, "status": row.status, "rule": row.rule, "reason": row.reason}
+            for row in single_label_rows(probe) if row.status != EFFECTIVE]
+
+
+def describe_unmeasured(entry: dict[str, Any]) -> str:
+    rule = f" [{entry['rule']}]" if entry.get("rule") else ""
+    return f"{entry['status']}{rule}" + (f": {entry['reason']}" if entry.get("reason") else "")
+
+
+def unmeasured_everywhere(probes: list[ModelProbe]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """label -> [(model, entry)] for the labels that no probed model exercises."""
+    exercised = {row.label for probe in probes for row in single_label_rows(probe) if row.status == EFFECTIVE}
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for probe in probes:
+        for entry in unmeasured_entries(probe):
+            if entry["label"] not in exercised:
+                found.setdefault(entry["label"], []).append((probe.model, entry))
+    return found

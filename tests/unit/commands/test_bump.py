@@ -1,0 +1,112 @@
+"""A Megatron Core bump, rehearsed for real: released megatron-core wheels overlaid next to the venv.
+
+Each overlay is ``pip install --no-deps --target`` of a small megatron-core wheel (torch is reused),
+cached outside the repository (``$RECOMPUTE_HARNESS_OVERLAYS`` or ``~/.cache/recompute-harness/
+overlays``), so reruns cost no download. The bump workflow (``ci/golden-refresh.sh --cpu-only``) runs
+in a temporary copy of the repository with the overlay first on ``PYTHONPATH``; the pinned goldens of
+the locked revision must come out byte for byte unchanged, and a second refresh must write nothing.
+
+The expectations name what really changed in those releases (read from their sources): 0.18.2 has no
+``gdn_norm_out`` label and no check for it, and its ``model_parallel_cuda_manual_seed`` differs from
+the adapter's reviewed digests; 0.19.0 matches 0.19.2's labels, rules and adapter surface.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.config.revisions import source_fingerprint
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[3]
+OVERLAYS = Path(os.environ.get("RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"))
+PIP_TIMEOUT_S = 300
+
+
+def overlay(version: str) -> Path:
+    """``megatron-core==version`` installed (once) into its own target directory."""
+    target = OVERLAYS / f"megatron-core-{version}"
+    if (target / f"megatron_core-{version}.dist-info").is_dir():
+        return target
+    staging = OVERLAYS / f".megatron-core-{version}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+                           "--target", str(staging), f"megatron-core=={version}"],
+                          capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    assert done.returncode == 0, f"cannot install the megatron-core {version} overlay:\n{done.stderr[-2000:]}"
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)  # a complete overlay or none: an interrupted install is redone
+    return target
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    """The tracked (and not ignored) files of the repository, as a checkout would have them."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    copy = tmp_path / "repo"
+    for relative in filter(None, listed):
+        source = REPO / relative
+        if source.is_file():
+            (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / relative)
+    return copy
+
+
+def goldens(repo: Path) -> dict[str, bytes]:
+    return {path.relative_to(repo).as_posix(): path.read_bytes()
+            for path in (repo / "tests" / "golden").rglob("*") if path.is_file()}
+
+
+def refresh(repo: Path, mcore: Path, *argv: str) -> subprocess.CompletedProcess:
+    """The bump workflow in ``repo`` with ``mcore`` shadowing the venv's Megatron Core."""
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{mcore}", "RECOMPUTE_HARNESS_PYTHON": sys.executable}
+    env.pop("VIRTUAL_ENV", None)
+    command = [str(repo / "ci" / "golden-refresh.sh"), "--cpu-only"] if not argv else [
+        sys.executable, "-m", "harness.cli", *argv]
+    return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_bump_to_0_18_2_names_every_drift_and_changes_nothing_pinned(tmp_path):
+    mcore = overlay("0.18.2")
+    repo = copy_repo(tmp_path)
+    before = goldens(repo)
+
+    first = refresh(repo, mcore)
+    out = first.stdout
+    assert first.returncode == 1, out + first.stderr  # drift is left to fix
+    assert "megatron-core 0.18.2" in out
+    assert "removed: gdn_norm_out" in out  # the label diff names what changed
+    assert out.count("labels.gdn_norm_out-needs-gdn: no string in this Megatron Core's sources") == 1
+    assert ("refused: refusing to write CPU goldens: the CPU adapter does not support megatron-core 0.18.2"
+            in out and "drifted in megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed;" in out)
+    assert "next step:" in out and "harness/cpu/adapter.py" in out and "harness/config/rules.py" in out
+
+    after = goldens(repo)
+    manifest = f"tests/golden/labels/{source_fingerprint(mcore / 'megatron' / 'core')}.json"
+    assert {name: data for name, data in after.items() if name != manifest} == before  # nothing pinned changed
+    assert manifest in after  # the new revision's label manifest is the one file written
+
+    second = refresh(repo, mcore)
+    assert second.returncode == 1 and "refreshed: 0" in second.stdout, second.stdout
+    assert goldens(repo) == after  # byte for byte: an unchanged revision writes nothing
+
+
+def test_bump_to_0_19_0_finds_no_drift(tmp_path):
+    mcore = overlay("0.19.0")
+    repo = copy_repo(tmp_path)
+    before = goldens(repo)
+    done = refresh(repo, mcore, "bump", "--no-probe")
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "megatron-core 0.19.0" in out and "labels unchanged" in out
+    assert "0 disagreements (0 causes), 0 rules that can no longer fire, 0 labels no rule names" in out
+    assert "CPU adapter: supports this revision" in out
+    assert set(goldens(repo)) - set(before) == {
+        f"tests/golden/labels/{source_fingerprint(mcore / 'megatron' / 'core')}.json"}
