@@ -2,7 +2,8 @@
 
 A rank that dies cannot write its record, so the runner writes every record — completed or not —
 through ``harness.record``'s constructors. Per iteration: the slowest rank's step time, rank 0's
-loss (already the world mean), NaN/skipped if any rank says so. Per rank: the allocator peaks read
+loss (already the world mean), NaN/skipped if any rank says so (a rank that stopped on a NaN loss
+says so in its error line). Per rank: the allocator peaks read
 after each iteration's optimizer step. On CPU there is no caching allocator, so no rank reports a
 peak; the record then carries no per-rank peaks (``peak_scope: unreported``) and says why in
 ``workload.extra.device_memory``.
@@ -15,7 +16,7 @@ from statistics import fmean
 from typing import Any
 
 from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
-from harness.run.classify import Classification
+from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
 from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe
@@ -37,6 +38,14 @@ def _iterations(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     for rank in ranks:
         for event in rank.iterations:
             by_iteration.setdefault(event["iteration"], []).append({**event, "rank": rank.rank})
+    # A rank stops on a non-finite loss before it reports that iteration: the iteration still happened,
+    # with a NaN loss, so the record's NaN count matches its ``nan`` outcome.
+    for rank in ranks:
+        for error in rank.errors:
+            iteration = error.get("iteration")
+            if (isinstance(iteration, int) and iteration >= 1 and iteration not in by_iteration
+                    and error_kind(error.get("type"), error.get("message", "")) == "nan"):
+                by_iteration[iteration] = [{"iteration": iteration, "nan": True, "rank": rank.rank}]
     rows = []
     for iteration, events in sorted(by_iteration.items()):
         times = [e["step_time_ms"] for e in events if e.get("step_time_ms") is not None]

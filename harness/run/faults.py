@@ -5,7 +5,10 @@ real 80 GB OOM. Spec: ``KIND:iteration=I,phase=P,rank=R`` with KIND one of
 
 - ``oom``  raise ``torch.OutOfMemoryError`` (the allocator's own exception type) at the start of phase P;
 - ``nan``  multiply rank R's loss by NaN in iteration I (phase is always ``forward``, where loss is made);
-- ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective).
+- ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective);
+- ``kill`` rank R SIGKILLs itself at the start of phase P (no error line, no error file: torchrun's
+  exit code is the only evidence);
+- ``exit`` rank R exits 0 at the start of phase P without reporting anything more.
 
 ``rank`` defaults to 0, ``phase`` to ``forward``, ``iteration`` to 1. An optional ``row=NAME`` limits
 the fault to one row of a sweep (e.g. ``row=[]`` fails only the control); the runner hands each row's
@@ -15,6 +18,7 @@ workers at most one fault, through the environment.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,7 +30,7 @@ if TYPE_CHECKING:
     import torch
 
 FAULT_ENV = "RECOMPUTE_HARNESS_FAULT"
-KINDS = ("oom", "nan", "hang")
+KINDS = ("oom", "nan", "hang", "kill", "exit")
 INJECTED_OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the recompute-harness fault hook "
     "at iteration {iteration}, phase {phase}, rank {rank})"
@@ -62,6 +66,10 @@ class Fault:
         if self.kind == "hang":
             while True:  # the runner's stall timeout kills the whole process group
                 time.sleep(3600)
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "exit":
+            os._exit(0)
 
     def poison_loss(self, loss: torch.Tensor, iteration: int, rank: int) -> torch.Tensor:
         """Called by the worker on its loss: NaN when this is the spot."""
