@@ -155,4 +155,3 @@ def test_created_must_be_iso_8601():
     record["created"] = "yesterday"
     with pytest.raises(UsageError, match="ISO-8601"):
         validate_record(record)
-
