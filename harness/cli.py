@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from types import ModuleType
 
@@ -68,14 +69,69 @@ def refuse_optimized_python() -> None:
         )
 
 
+class _ClosedPipeTolerant:
+    """stdout that, once its reader has gone (``| head -1``), drops the rest: a reader that stopped
+    reading is not a failure, so the command finishes and exits as if its output had been read."""
+
+    def __init__(self, stream: "object") -> None:
+        self._stream = stream
+        self.reader_gone = False
+
+    def write(self, text: str) -> int:
+        if not self.reader_gone:
+            try:
+                return self._stream.write(text)  # type: ignore[attr-defined]
+            except BrokenPipeError:
+                self._reader_went()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.reader_gone:
+            try:
+                self._stream.flush()  # type: ignore[attr-defined]
+            except BrokenPipeError:
+                self._reader_went()
+
+    def _reader_went(self) -> None:
+        self.reader_gone = True
+        # Python flushes stdout again at exit; point the descriptor at /dev/null so that flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())  # type: ignore[attr-defined]
+        os.close(devnull)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _check_step_summary() -> None:
+    """``$GITHUB_STEP_SUMMARY`` is appended to after the work is done: check it first."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    path = summary if os.path.exists(summary) else os.path.dirname(os.path.abspath(summary))
+    if os.path.isdir(summary) or not os.access(path, os.W_OK):
+        raise UsageError(f"$GITHUB_STEP_SUMMARY {summary}: not a writable file")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     silence_known_noise()
+    for stream in (sys.stdout, sys.stderr):  # a path the terminal cannot encode is shown escaped, not fatal
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    if not isinstance(sys.stdout, _ClosedPipeTolerant):
+        sys.stdout = _ClosedPipeTolerant(sys.stdout)  # type: ignore[assignment]
     try:
         refuse_optimized_python()
+        _check_step_summary()
         args = build_parser(argv).parse_args(argv)
-        return int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
+        code = int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
+        sys.stdout.flush()
+        return code
     except UsageError as exc:
+        print(f"recompute-harness: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, UnicodeError) as exc:  # a write the checks could not foresee (disk full mid-write)
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -8,9 +8,12 @@ from pathlib import Path
 
 from harness.compare.analysis import analyse
 from harness.errors import EXIT_OK
+from harness.files import check_output
 from harness.record.io import load_records
 from harness.report.json_report import analysis_json, dumps
 from harness.report.markdown import analysis_markdown, emit
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,9 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--estimate", type=Path, metavar="FILE",
                         help="also show an `estimate --out` file of the same recipe: estimated vs measured saving per row")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also write memory saved vs step-time cost against [] as a PNG")
+    parser.add_argument("--force", action="store_true", help="replace --plot's file even if it is not a PNG")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.plot:  # checked before any output: an existing non-PNG (a record, say) is never overwritten
+        check_output(args.plot, args.force, lambda head: head.startswith(PNG_MAGIC), "PNG plot")
     analysis = analyse(load_records(args.records))
     versus = None
     if args.estimate is not None:

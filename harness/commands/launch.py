@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK, UsageError
-from harness.files import write_text_atomic
+from harness.files import check_output, write_text_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--account")
     parser.add_argument("--time", default="02:00:00", help="slurm time limit (default 02:00:00)")
     parser.add_argument("--port", type=int, default=29500, help="c10d rendezvous port on the first node")
+    parser.add_argument("--force", action="store_true", help="replace --script's file even if launch did not write it")
     parser.add_argument("--setup", help="shell line run first, e.g. 'source /shared/venv/bin/activate'")
     parser.add_argument("--container-image", metavar="IMAGE",
                         help="run every srun step in this image through pyxis/enroot (e.g. nvcr.io#nvidia/nemo:25.09)")
@@ -36,13 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.run.recipes import is_recipe_file, load_recipe
     from harness.run.runner import sweep_rows
-    from harness.run.slurm import SlurmOptions, sbatch_script
+    from harness.run.slurm import SCRIPT_MARK, SlurmOptions, sbatch_script
 
     recipe = load_recipe(args.recipe)
     if recipe.device != "cuda":
         raise UsageError(f"recipe {recipe.name!r} runs on {recipe.device}: slurm launch is for GPU recipes")
-    if not 1 <= args.port <= 65535:
-        raise UsageError(f"--port must be in 1..65535, got {args.port}")
     rows = sweep_rows(recipe, args.rows)
     out = args.out.resolve()
     script = args.script or out / f"{recipe.name}.sbatch"
@@ -53,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
                            mounts, args.golden_dir.resolve() if args.golden_dir is not None else None)
     source = str(Path(args.recipe).resolve()) if is_recipe_file(args.recipe) else None
     text = sbatch_script(recipe, out, rows, options, workdir=Path.cwd(), recipe_source=source)
+    check_output(script, args.force, lambda head: SCRIPT_MARK.encode() in head, "sbatch script")
     write_text_atomic(script, text, mode=0o755)
     print(script)
     return EXIT_OK

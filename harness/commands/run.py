@@ -8,11 +8,14 @@ any row failed (its record says how and where), 2 for bad input (nothing launche
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.files import ensure_dir
 
 if TYPE_CHECKING:  # the runner imports torch's launcher: only when a sweep runs
     from harness.run.runner import RowResult
@@ -40,16 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "--srun-arg=--container-image=IMG; with a container image the ranks run its python")
     parser.add_argument("--inject-fault", action="append", default=[], metavar="SPEC",
                         help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
-                             "KIND one of oom, nan, hang")
+                             "KIND one of oom, nan, hang, kill, exit")
 
 
 def _positive(value: float | None, flag: str) -> None:
-    if value is not None and not value > 0:
-        raise UsageError(f"{flag} must be a positive number of seconds, got {value}")
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag} must be a positive, finite number of seconds, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.run.faults import parse_fault
+    from harness.run.faults import FAULT_ENV, parse_fault
     from harness.run.recipes import load_recipe, recipe_names, with_world
 
     if args.list:
@@ -64,7 +67,10 @@ def run(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.recipe)
     if args.nproc_per_node is not None:
         recipe = with_world(recipe, nproc_per_node=args.nproc_per_node)
-    faults = [parse_fault(spec) for spec in args.inject_fault]
+    # The environment's fault is the same test hook as --inject-fault: parsed (and refused) here, before
+    # anything launches, not first by a worker.
+    specs = [*args.inject_fault, *([os.environ[FAULT_ENV]] if os.environ.get(FAULT_ENV) else [])]
+    faults = [parse_fault(spec) for spec in specs]
 
     from harness.run.torchrun import sigterm_as_exit
     from harness.run.progress import LiveProgress
@@ -77,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     contained = any(arg.startswith("--container-image") for arg in args.srun_arg)
     launcher = Launcher(args.launcher, args.rdzv_endpoint, "python" if contained else sys.executable, tuple(args.srun_arg))
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
+    ensure_dir(args.out)  # a read-only or file --out is one line before the progress table appears
     with sigterm_as_exit(), LiveProgress(recipe.name, rows, recipe.train_iters) as progress:
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
                                        stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher,

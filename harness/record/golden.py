@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +21,11 @@ from harness.files import write_json_atomic
 from harness.record.io import read_json
 from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
 from harness.record.metrics import (
-    EFFECT_METRICS, OPTIONAL_TOLERANCE_KEYS, RUN_GOLDEN_METRICS, TOLERANCE_KEYS, default_tolerance_policy,
+    EFFECT_METRICS, METRICS, OPTIONAL_TOLERANCE_KEYS, RUN_GOLDEN_METRICS, TOLERANCE_KEYS, default_tolerance_policy,
+    metrics_in,
 )
 from harness.record.model import PIN_KEYS, Record
-from harness.record.schema import STATUSES
+from harness.record.schema import KINDS, PHASES, STATUSES, Checker, check_recompute
 
 GOLDEN_SCHEMA = "recompute-harness/golden"
 GOLDEN_SCHEMA_VERSION = 1
@@ -216,22 +216,47 @@ def golden_from_records(
     return golden
 
 
+GOLDEN_KEYS = ("schema", "schema_version", "kind", "recipe", "hardware", "pins", "provenance", "tolerance", "rows")
+ROW_KEYS = ("label", "recompute", "outcome", "values")
+OUTCOME_KEYS = ("status", "iteration", "phase")
+
+
+def _required_metrics(kind: str) -> tuple[str, ...]:
+    """The values every row of a golden of ``kind`` must hold (a row without them would pass anything)."""
+    if kind == "cpu-probe":
+        return tuple(m.name for m in metrics_in("probe") if m.required)
+    return tuple(name for name in RUN_GOLDEN_METRICS
+                 if any(m.required for m in METRICS if m.name == name and m.scope in ("headline", "count")))
+
+
+def _known_metrics(kind: str) -> frozenset[str]:
+    if kind == "cpu-probe":
+        return frozenset(m.name for m in metrics_in("probe"))
+    return frozenset(RUN_GOLDEN_METRICS) | frozenset(EFFECT_METRICS)
+
+
 def validate_golden(golden: Any, source: str) -> dict[str, Any]:
-    """Return ``golden`` if well formed, else raise ``UsageError`` (one line)."""
+    """Return ``golden`` if well formed, else raise ``UsageError`` (one line).
+
+    As strict as the record loader: known keys only, types and ranges, a known kind, each row's label
+    the name of its recompute fields, a configuration at most once, every required metric present.
+    """
+    check = Checker(source)
+
     def fail(problem: str) -> None:
         raise UsageError(f"{source}: {problem}")
 
     if not isinstance(golden, dict) or golden.get("schema") != GOLDEN_SCHEMA:
         fail(f"not a golden file (expected schema {GOLDEN_SCHEMA!r})")
-    if golden.get("schema_version") != GOLDEN_SCHEMA_VERSION:
-        fail(f"unknown golden schema version {golden.get('schema_version')!r}; this harness reads {GOLDEN_SCHEMA_VERSION}")
-    required = ("kind", "recipe", "hardware", "pins", "provenance", "tolerance", "rows")
-    missing = [key for key in required if key not in golden]
-    if missing:
-        fail(f"missing {', '.join(missing)}")
+    version = golden.get("schema_version")
+    if isinstance(version, bool) or version != GOLDEN_SCHEMA_VERSION:  # `true == 1` in Python
+        fail(f"unknown golden schema version {version!r}; this harness reads {GOLDEN_SCHEMA_VERSION}")
+    check.obj(golden, "golden", GOLDEN_KEYS, ("peak_scope", "workload", "unmeasured"))
+    check.string(golden["kind"], "kind", choices=KINDS)
+    check.string(golden["recipe"], "recipe")
+    kind = golden["kind"]
     pins = golden["pins"]
-    if not isinstance(pins, dict) or any(key not in pins for key in PIN_KEYS):
-        fail(f"pins: missing one of {', '.join(PIN_KEYS)}")
+    check.obj(pins, "pins", PIN_KEYS)
     mcore, bridge = pins["megatron_core"], pins["megatron_bridge"]
     if not isinstance(mcore, dict) or not (mcore.get("commit") or (mcore.get("version") and mcore.get("fingerprint"))):
         fail("pins.megatron_core: needs a commit, or a version and a fingerprint (a golden must be pinned)")
@@ -243,46 +268,68 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     if workload is not None and (not isinstance(workload, dict) or set(workload) != set(WORKLOAD_IDENTITY_KEYS)
                                  or any(v is not None and not isinstance(v, str) for v in workload.values())):
         fail(f"workload: expected {', '.join(WORKLOAD_IDENTITY_KEYS)}, each a string or null")
-    hardware = golden["hardware"]
-    if not isinstance(hardware, dict) or not isinstance(hardware.get("device"), str) or not isinstance(hardware.get("gpu_count"), int):
-        fail("hardware: needs device and gpu_count")
+    hardware = check.obj(golden["hardware"], "hardware", ("device", "gpu_count"))
+    check.string(hardware["device"], "hardware.device")
+    check.integer(hardware["gpu_count"], "hardware.gpu_count")
     provenance = golden["provenance"]
     if not isinstance(provenance, dict) or not isinstance(provenance.get("source"), str):
         fail("provenance: needs a source")
     tolerance = golden["tolerance"]
     if not isinstance(tolerance, dict):
         fail("tolerance: expected an object")
+    known = _known_metrics(kind)
     for metric, rule in tolerance.items():
+        if metric not in known:
+            fail(f"tolerance.{metric}: not a metric of a {kind} golden")
         if not isinstance(rule, dict) or not isinstance(rule.get("mode"), str) or rule["mode"] not in TOLERANCE_KEYS:
             fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_KEYS)}")
         needed, optional = TOLERANCE_KEYS[rule["mode"]], OPTIONAL_TOLERANCE_KEYS.get(rule["mode"], ())
+        check.obj(rule, f"tolerance.{metric}", ("mode", *needed), optional)
         for key in needed + tuple(key for key in optional if key in rule):
-            value = rule.get(key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                fail(f"tolerance.{metric}.{key}: expected a finite number >= 0, got {value!r}")
+            check.number(rule.get(key), f"tolerance.{metric}.{key}")
     if golden.get("peak_scope", DEFAULT_PEAK_SCOPE) not in SCOPES:
         fail(f"peak_scope: {golden.get('peak_scope')!r} is not one of {', '.join(SCOPES)}")
     rows = golden["rows"]
     if not isinstance(rows, list) or not rows:
         fail("rows: expected a non-empty array")
-    labels: set[str] = set()
+    labels: dict[str, int] = {}
+    configurations: dict[tuple, int] = {}
+    required = _required_metrics(kind)
     for i, row in enumerate(rows):
-        if not isinstance(row, dict) or not {"label", "recompute", "outcome", "values"} <= set(row):
-            fail(f"rows[{i}]: needs label, recompute, outcome and values")
-        if not isinstance(row["label"], str):
-            fail(f"rows[{i}].label: expected a string")
+        where = f"rows[{i}]"
+        check.obj(row, where, ROW_KEYS, ("record",))
+        check.string(row["label"], f"{where}.label")
+        check_recompute(Checker(f"{source}: {where}"), row["recompute"])
+        fields = RecomputeFields.from_dict(row["recompute"])
+        if row["label"] != fields.name:
+            fail(f"{where}.label {row['label']!r} contradicts its recompute fields (they name {fields.name!r})")
         if row["label"] in labels:
-            fail(f"rows[{i}]: duplicated row {row['label']!r}")
-        labels.add(row["label"])
-        if not isinstance(row["outcome"], dict) or row["outcome"].get("status") not in STATUSES:
-            fail(f"rows[{i}].outcome.status: expected one of {', '.join(STATUSES)}")
-        if not isinstance(row["values"], dict):
-            fail(f"rows[{i}].values: expected an object")
-        for metric, value in row["values"].items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
-                fail(f"rows[{i}].values.{metric}: expected a finite number or null, got {value!r}")
+            fail(f"{where}: duplicated row {row['label']!r} (also rows[{labels[row['label']]}])")
+        labels[row["label"]] = i
+        configuration = tuple(sorted((k, json.dumps(v)) for k, v in row["recompute"].items()))
+        if configuration in configurations:
+            fail(f"{where}: the same configuration as rows[{configurations[configuration]}]")
+        configurations[configuration] = i
+        outcome = check.obj(row["outcome"], f"{where}.outcome", OUTCOME_KEYS)
+        check.string(outcome["status"], f"{where}.outcome.status", choices=STATUSES)
+        check.integer(outcome["iteration"], f"{where}.outcome.iteration", nullable=True)
+        check.string(outcome["phase"], f"{where}.outcome.phase", nullable=True, choices=PHASES)
+        if "record" in row:
+            check.string(row["record"], f"{where}.record", nullable=True)
+        values = row["values"]
+        if not isinstance(values, dict):
+            fail(f"{where}.values: expected an object")
+        missing = [name for name in required if name not in values]
+        if missing:
+            fail(f"{where}.values: missing {', '.join(missing)} (a row without its metrics would pass anything)")
+        for metric, value in values.items():
+            if metric not in known:
+                fail(f"{where}.values.{metric}: not a metric of a {kind} golden")
+            # Effects are differences against [] (a cost can be negative); measurements are not.
+            check.number(value, f"{where}.values.{metric}", nullable=True,
+                         minimum=None if metric in EFFECT_METRICS else 0.0)
             if metric not in tolerance:
-                fail(f"rows[{i}].values.{metric}: no tolerance rule for this metric")
+                fail(f"{where}.values.{metric}: no tolerance rule for this metric")
     with_effects = [row["label"] for row in rows if any(name in row["values"] for name in EFFECT_METRICS)]
     if with_effects and not any(_is_control_row(row) for row in rows):
         fail(f"rows {', '.join(with_effects)} hold effects against [] but the golden has no [] control row")

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from harness.errors import UsageError
-from harness.files import write_json_atomic
+from harness.files import read_bounded_text, write_json_atomic
 from harness.record.model import Record
 from harness.record.schema import SCHEMA, SCHEMA_VERSION
 
@@ -40,15 +40,8 @@ def parse_json(text: str, source: str) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{path}: is a directory") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read: {exc}") from None
-    return parse_json(text, str(path))
+    """Parse a regular file of bounded size (a FIFO or /dev/zero is refused, not read)."""
+    return parse_json(read_bounded_text(Path(path)), str(path))
 
 
 def write_record(path: Path, record: Record) -> None:
@@ -56,12 +49,25 @@ def write_record(path: Path, record: Record) -> None:
     write_json_atomic(path, record.validated().to_json())
 
 
+SWEEP_BOOKKEEPING = ("rows", "INTERRUPTED.json")  # a sweep directory's own files beside records/
+
+
+def _sweep_bookkeeping(file: Path, root: Path) -> bool:
+    """A sweep's row specs, evidence and markers (``rows/...``, ``INTERRUPTED.json``): JSON, not records."""
+    for ancestor in [file, *file.parents]:
+        if ancestor == root.parent:
+            break
+        if ancestor.name in SWEEP_BOOKKEEPING and (ancestor.parent / "records").is_dir():
+            return True
+    return False
+
+
 def _expand(paths: Iterable[Path | str]) -> list[Path]:
     files: list[Path] = []
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = sorted(path.rglob("*.json"))
+            found = [file for file in sorted(path.rglob("*.json")) if not _sweep_bookkeeping(file, path)]
             if not found:
                 raise UsageError(f"{path}: directory holds no .json records")
             files.extend(found)

@@ -20,7 +20,7 @@ SCHEMA_VERSION = 1
 
 KINDS = ("run", "cpu-probe", "reference")
 BACKENDS = ("bridge", "mcore", "cpu-probe")
-STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed")
+STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed", "interrupted")
 # Listed in the order a training step reaches them: the order ranks how far a failed run got.
 # ``cuda-graph-capture``: Bridge captures TE CUDA graphs between two steps (after
 # ``cuda_graph_warmup_steps``), reported as the start of the step that first replays them.
@@ -51,7 +51,7 @@ TOP_LEVEL_KEYS = (
 OPTIONAL_TOP_LEVEL_KEYS = ("provenance",)
 
 
-class _Checker:
+class Checker:
     """Walks one record; every failure names the source and the JSON path, on one line."""
 
     def __init__(self, source: str) -> None:
@@ -129,7 +129,7 @@ def _type_name(value: Any) -> str:
 
 def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
     """Return ``record`` unchanged if it is a valid version-1 run record; else raise ``UsageError``."""
-    check = _Checker(source)
+    check = Checker(source)
     if not isinstance(record, dict):
         check.fail("$", f"expected a run-record object, got {_type_name(record)}")
     if record.get("schema") != SCHEMA:
@@ -149,7 +149,7 @@ def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
     _check_revisions(check, record["revisions"], kind)
     _check_hardware(check, record["hardware"])
     _check_workload(check, record["workload"], kind)
-    _check_recompute(check, record["recompute"])
+    check_recompute(check, record["recompute"])
     if kind == "cpu-probe":
         _check_cpu_probe_metrics(check, record["metrics"])
     else:
@@ -162,7 +162,7 @@ def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
     return record
 
 
-def _check_revisions(check: _Checker, revisions: Any, kind: str) -> None:
+def _check_revisions(check: Checker, revisions: Any, kind: str) -> None:
     check.obj(
         revisions, "revisions",
         ("torch", "megatron_core", "megatron_bridge", "transformer_engine", "cuda", "driver", "python"),
@@ -188,7 +188,7 @@ def _check_revisions(check: _Checker, revisions: Any, kind: str) -> None:
         check.string(revisions[key], f"revisions.{key}", nullable=True)
 
 
-def _check_hardware(check: _Checker, hardware: Any) -> None:
+def _check_hardware(check: Checker, hardware: Any) -> None:
     check.obj(hardware, "hardware", ("device", "gpu_count", "sm", "host"))
     check.string(hardware["device"], "hardware.device")
     check.integer(hardware["gpu_count"], "hardware.gpu_count")
@@ -196,7 +196,7 @@ def _check_hardware(check: _Checker, hardware: Any) -> None:
     check.string(hardware["host"], "hardware.host", nullable=True)
 
 
-def _check_workload(check: _Checker, workload: Any, kind: str) -> None:
+def _check_workload(check: Checker, workload: Any, kind: str) -> None:
     check.obj(
         workload, "workload",
         ("recipe", "model", "backend", "seq_length", "micro_batch_size", "global_batch_size", "precision",
@@ -222,7 +222,7 @@ def _check_workload(check: _Checker, workload: Any, kind: str) -> None:
             check.string(value, f"workload.extra.{key}")
 
 
-def _check_recompute(check: _Checker, recompute: Any) -> None:
+def check_recompute(check: Checker, recompute: Any) -> None:
     check.obj(recompute, "recompute", RECOMPUTE_KEYS)
     check.string(recompute["recompute_granularity"], "recompute.recompute_granularity", nullable=True)
     modules = recompute["recompute_modules"]
@@ -236,7 +236,7 @@ def _check_recompute(check: _Checker, recompute: Any) -> None:
     check.integer(recompute["recompute_num_layers"], "recompute.recompute_num_layers", nullable=True)
 
 
-def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
+def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
     check.obj(
         metrics, "metrics",
         ("iterations", "ranks", "steady_window", "headline", "skipped_iterations", "nan_iterations"),
@@ -310,7 +310,7 @@ def _check_run_metrics(check: _Checker, metrics: Any, kind: str) -> None:
     check.integer(metrics["nan_iterations"], "metrics.nan_iterations", nullable=True)
 
 
-def _check_headline_matches_ranks(check: _Checker, headline: dict, ranks: list) -> None:
+def _check_headline_matches_ranks(check: Checker, headline: dict, ranks: list) -> None:
     """With per-rank data, every headline metric derived from the ranks must be what they give (no hand edits)."""
     at = headline["peak_after_iteration"]
     if not ranks or at is None:
@@ -330,7 +330,7 @@ def _check_headline_matches_ranks(check: _Checker, headline: dict, ranks: list) 
                        f"{stated} is not what the per-rank peaks give ({derived}: {metric.description})")
 
 
-def _check_cpu_probe_metrics(check: _Checker, metrics: Any) -> None:
+def _check_cpu_probe_metrics(check: Checker, metrics: Any) -> None:
     if not isinstance(metrics, dict):
         check.fail("metrics", f"expected an object, got {_type_name(metrics)}")
     missing = [name for name in _PROBE_REQUIRED if name not in metrics]
@@ -340,7 +340,7 @@ def _check_cpu_probe_metrics(check: _Checker, metrics: Any) -> None:
         check.number(value, f"metrics.{name}")
 
 
-def _check_outcome(check: _Checker, outcome: Any) -> None:
+def _check_outcome(check: Checker, outcome: Any) -> None:
     check.obj(outcome, "outcome", ("status", "iteration", "phase", "ranks", "message"), ("site",))
     check.string(outcome["status"], "outcome.status", choices=STATUSES)
     check.integer(outcome["iteration"], "outcome.iteration", nullable=True)

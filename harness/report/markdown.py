@@ -11,6 +11,7 @@ from typing import Any, Sequence
 from harness.compare.analysis import GB, Analysis
 from harness.compare.comparator import Comparison
 from harness.compare.selection import Selection
+from harness.errors import UsageError
 from harness.record.metrics import unit_of
 
 
@@ -19,8 +20,11 @@ def emit(markdown: str) -> None:
     print(markdown)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
-        with open(summary, "a", encoding="utf-8") as handle:
-            handle.write(markdown + "\n\n")
+        try:
+            with open(summary, "a", encoding="utf-8", errors="backslashreplace") as handle:
+                handle.write(markdown + "\n\n")
+        except OSError as exc:
+            raise UsageError(f"$GITHUB_STEP_SUMMARY {summary}: cannot append: {exc.strerror}") from None
 
 
 def format_value(metric: str, value: Any) -> str:

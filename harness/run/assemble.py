@@ -2,7 +2,7 @@
 
 A rank that dies cannot write its record, so the runner writes every record — completed or not —
 through ``harness.record``'s constructors. Per iteration: the slowest rank's step time, rank 0's
-loss (already the world mean), NaN/skipped if any rank says so, and TFLOP/s per GPU from that same
+loss (already the world mean), NaN/skipped if any rank says so (a rank that stopped on a NaN loss says so in its error line), and TFLOP/s per GPU from that same
 step time: the iteration's model FLOPs / step time / world size — Bridge's own definition
 (``training_log``: the interval's FLOPs over the barrier-synchronised interval time), so step time
 and throughput can never disagree. Per rank, every rank (the comparison chooses the golden's scope):
@@ -22,7 +22,7 @@ import re
 from typing import Any
 
 from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
-from harness.run.classify import Classification
+from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
 from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe
@@ -51,6 +51,14 @@ def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, An
     for rank in ranks:
         for event in rank.iterations:
             by_iteration.setdefault(event["iteration"], []).append({**event, "rank": rank.rank})
+    # A rank stops on a non-finite loss before it reports that iteration: the iteration still happened,
+    # with a NaN loss, so the record's NaN count matches its ``nan`` outcome.
+    for rank in ranks:
+        for error in rank.errors:
+            iteration = error.get("iteration")
+            if (isinstance(iteration, int) and iteration >= 1 and iteration not in by_iteration
+                    and error_kind(error.get("type"), error.get("message", "")) == "nan"):
+                by_iteration[iteration] = [{"iteration": iteration, "nan": True, "rank": rank.rank}]
     rows = []
     for iteration, events in sorted(by_iteration.items()):
         times = [e["step_time_ms"] for e in events if e.get("step_time_ms") is not None]

@@ -21,6 +21,8 @@ Against the matched control: a failed row that got further than a failed ``[]`` 
 from __future__ import annotations
 
 import json
+import re
+import signal
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,38 @@ def watchdog_timeouts(row_dir: Path) -> list[tuple[Path, str]]:
     return found
 
 
+# torchrun's failure summary: "Root Cause (first observed failure):" then, per failed rank,
+# "rank : 1 (local_rank: 1)" and "exitcode : -9 (pid: 123)".
+_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def torchrun_exit_codes(row_dir: Path) -> dict[int, int]:
+    """Global rank -> exit code of each rank torchrun's agents name as the root cause (first observed
+    failure) in their launcher logs; the ranks an agent stopped afterwards are not listed there."""
+    codes: dict[int, int] = {}
+    for log in sorted(Path(row_dir).glob("launcher*.log")):
+        try:
+            text = log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for section in text.split("Root Cause")[1:]:
+            section = section.split("=" * 20)[0]  # up to the end of the summary box
+            for rank, code in _TORCHRUN_FAILURE.findall(section):
+                codes.setdefault(int(rank), int(code))
+    return codes
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "process ended without reporting"
+    if code < 0:
+        try:
+            return f"exitcode {code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"exitcode {code}"
+    return f"exitcode {code}"
+
+
 def _first_line(message: str) -> str:
     return message.strip().splitlines()[0][:400] if message.strip() else ""
 
@@ -133,13 +167,19 @@ def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int,
     unfinished = [rank for rank in ranks if not rank.done]
     errors = [(rank.rank, error) for rank in ranks for error in rank.errors]
     own = [(rank, error) for rank, error in errors if not _is_peer_loss(error.get("message", ""))]
-    if launch.stopped is not None and unfinished:
-        if not own:
+    if launch.stopped not in (None, "died") and unfinished:
+        if own:
+            # A rank reported its own failure and then never exited (a clean-up that hung): the
+            # failure is the root, the stop its consequence.
+            found = _from_error_events(errors)
+            return replace(found, message=f"{found.message}; then the runner stopped the row ({launch.stopped})")
+        # Stopped while some rank was still silent: a hang. One whose every unfinished rank had already
+        # reported (a lost peer) only ended slowly; who died first decides below.
+        if any(not rank.errors for rank in unfinished):
             return _hang(ranks, launch, stall_timeout_s, timeout_s)
-        # A rank reported its own failure and then never exited (a clean-up that hung): the failure is
-        # the root, the stop its consequence.
-        found = _from_error_events(errors)
-        return replace(found, message=f"{found.message}; then the runner stopped the row ({launch.stopped})")
+    dead = _died_silently(ranks, errors, launch, row_dir)
+    if dead is not None:
+        return dead
     if errors:
         return _from_error_events(errors)
     if unfinished:
@@ -151,9 +191,45 @@ def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int,
     nan = [rank.rank for rank in ranks if any(it.get("nan") for it in rank.iterations)]
     if nan:
         return Classification("nan", None, None, tuple(nan), "non-finite loss reported")
+    lost = [node for node, code in enumerate(launch.returncodes) if code is not None and code < 0]
+    if lost:  # every rank reported, but a node's agent was killed: the row cannot be trusted
+        per_node = len(ranks) // max(len(launch.returncodes), 1)
+        node_ranks = tuple(r for node in lost for r in range(node * per_node, (node + 1) * per_node))
+        return Classification("crash", None, None, node_ranks,
+                              f"torchrun agent(s) of node(s) {lost} lost ({', '.join(_describe_exit(launch.returncodes[n]) for n in lost)})")
     exit_note = "" if launch.succeeded else f" (then the processes did not exit cleanly: {launch.stopped or launch.returncodes})"
     return Classification("completed", train_iters, None, (),
                    f"completed {train_iters} iterations on {len(ranks)} ranks{exit_note}")
+
+
+def _died_silently(ranks: list[RankEvidence], errors: list[tuple[int, dict[str, Any]]], launch: LaunchResult,
+                   row_dir: Path) -> Classification | None:
+    """The first rank to die without a word (SIGKILL, an early exit) is the root cause: every error the
+    others wrote is then only a peer's loss (collateral). Evidence, strongest first: the runner saw the
+    rank's process end unreported; torchrun names it the root cause (exit code or signal); it is the
+    rank that stopped first while the others report only a lost peer."""
+    if any(not _is_peer_loss(error.get("message", "")) for _, error in errors):
+        return None  # a rank said what went wrong: that is the evidence (error events)
+    silent = [rank for rank in ranks if not rank.done and not rank.errors]
+    if not silent:
+        return None
+    codes = torchrun_exit_codes(row_dir)
+    seen_dead = [rank for rank in silent if rank.rank in launch.died]
+    signalled = seen_dead or [rank for rank in silent if codes.get(rank.rank, 0) != 0]
+    if not signalled and not errors:
+        return None  # nobody died first that we can tell: torchrun's error files decide
+    blamed = signalled or silent
+    first = min(blamed, key=lambda rank: rank.last_time or 0.0)
+    if not signalled:  # only the order of events: the rank(s) that stopped first
+        blamed = [rank for rank in blamed if rank.position == first.position]
+    collateral = sorted({r for r, _ in errors} | {r.rank for r in ranks if not r.done and r not in blamed})
+    where = f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
+    message = (f"rank(s) {[r.rank for r in blamed]} died at {where} "
+               f"({'; '.join(f'rank {r.rank} {_describe_exit(codes.get(r.rank))}' for r in blamed)})")
+    if collateral:
+        message += f"; collateral: rank(s) {collateral} (lost their peer)"
+    return Classification("crash", first.iteration if first.phase else None, first.phase,
+                          tuple(r.rank for r in blamed), message)
 
 
 def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEvidence]]:
@@ -162,7 +238,9 @@ def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEviden
 
 
 def _hang(ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float) -> Classification:
-    waiting = [rank for rank in ranks if not rank.done] or ranks
+    unfinished = [rank for rank in ranks if not rank.done]
+    # The ranks that stopped reporting: unfinished and silent (a rank whose collective timed out said so).
+    waiting = [rank for rank in unfinished if not rank.errors] or unfinished or ranks
     _, stuck = _behind(waiting)
     first = stuck[0]
     why = (f"no rank reported progress for {stall_timeout_s:g} s" if launch.stopped == "stall"

@@ -4,7 +4,7 @@ The runner reads these files while a row runs (live progress) and after it ends 
 failure classification). A line is written and flushed before the phase it announces starts, so a
 rank that hangs or is killed still leaves the exact iteration and phase it stopped in.
 
-Line kinds: ``start`` (rank, world size, pid, device kind), ``device`` (GPU name and SM, once the
+Line kinds: ``start`` (rank, world size, pid, host, device kind), ``device`` (GPU name and SM, once the
 back end has set CUDA up), ``phase`` (iteration, phase), ``iteration`` (loss, step time,
 allocated/reserved peaks, device memory in use; written at the step's end), ``flops`` (an
 iteration's model FLOPs, once the back end knows them), ``note`` (how the workload actually ran,
@@ -70,6 +70,8 @@ class RankEvidence:
     fault_fired: bool = False
     done: bool = False
     last_time: float | None = None
+    pid: int | None = None  # the worker's pid on ``host`` (the runner watches it on its own host)
+    host: str | None = None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -93,6 +95,7 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
         kind = event.get("event")
         if kind == "start":
             evidence.started = True
+            evidence.pid, evidence.host = event.get("pid"), event.get("host")
         elif kind == "device":
             evidence.device_name, evidence.sm = event["name"], event["sm"]
         elif kind == "phase":

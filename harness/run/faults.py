@@ -6,7 +6,10 @@ real 80 GB OOM. Spec: ``KIND:iteration=I,phase=P,rank=R`` with KIND one of
 - ``oom``  raise ``torch.OutOfMemoryError`` (the allocator's own exception type) at the start of phase P;
 - ``nan``  multiply rank R's loss by NaN in iteration I (phase is always ``forward``, where loss is made);
 - ``inf``  the same with +inf (Megatron's loss checks report it apart from NaN; both are numerical failures);
-- ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective).
+- ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective);
+- ``kill`` rank R SIGKILLs itself at the start of phase P (no error line, no error file: torchrun's
+  exit code is the only evidence);
+- ``exit`` rank R exits 0 at the start of phase P without reporting anything more.
 
 Each back end fires the phases it marks (``BACKEND_PHASES``); a fault at a phase its back end never
 enters is refused before launch, and a fault that was armed but never fired fails its row (runner).
@@ -19,6 +22,7 @@ workers at most one fault, through the environment.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
 FAULT_ENV = "RECOMPUTE_HARNESS_FAULT"
-KINDS = ("oom", "nan", "inf", "hang")
+KINDS = ("oom", "nan", "inf", "hang", "kill", "exit")
 LOSS_KINDS = ("nan", "inf")
 # The phases each back end marks (and so can fire a fault in). The mcore loop marks every training
 # phase and captures no CUDA graphs; the bridge back end sees Bridge's loop only through its callbacks
@@ -74,6 +78,10 @@ class Fault:
         if self.kind == "hang":
             while True:  # the runner's stall timeout kills the whole process group
                 time.sleep(3600)
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "exit":
+            os._exit(0)
 
     def poisons(self, iteration: int, rank: int) -> bool:
         return self.kind in LOSS_KINDS and self.fires(iteration, "forward", rank)

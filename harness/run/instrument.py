@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import math
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,7 +60,8 @@ class Instrument:
     def started(self, world_size: int) -> None:
         """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
         (the allocator's ``PYTORCH_CUDA_ALLOC_CONF``), and a back end may still have to set them."""
-        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(), device=self.device)
+        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(),
+                         host=socket.gethostname(), device=self.device)
 
     def device_ready(self) -> None:
         """Name this rank's GPU; back ends call it once they have set CUDA up (nothing on CPU)."""

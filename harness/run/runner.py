@@ -117,7 +117,10 @@ def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher
         found = torch.cuda.device_count()
         if found < recipe.nproc_per_node:
             raise UsageError(f"recipe {recipe.name!r} needs {recipe.nproc_per_node} GPUs per node; {found} visible")
+    chosen = sweep_rows(recipe, rows)
     for fault in faults:
+        if fault.row is not None and fault.row not in chosen:
+            raise UsageError(f"fault {fault.spec()!r}: row {fault.row!r} is not in this sweep ({', '.join(chosen)})")
         if fault.rank >= recipe.world_size:
             raise UsageError(f"fault {fault.spec()!r}: rank {fault.rank} is outside the {recipe.world_size}-rank world")
         if fault.iteration > recipe.train_iters:
@@ -176,11 +179,19 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
     if progress is not None:
         progress.row_started(row)
     commands = launcher.commands(recipe, row_dir, f"{recipe.name}-{slug}-{uuid.uuid4().hex[:8]}")
-    launch = run_row(
-        row_dir, commands, world_size=recipe.world_size, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s,
-        env={FAULT_ENV: fault.spec()} if fault is not None else None,
-        on_poll=None if progress is None else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
-    )
+    provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",
+                  "command": shlex.join(sys.argv), "notes": f"evidence: {row_dir}"}
+    record_path = directory / "records" / f"{slug}.json"
+    try:
+        launch = run_row(
+            row_dir, commands, world_size=recipe.world_size, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s,
+            # Always set: a row without a fault must not inherit the caller's own RECOMPUTE_HARNESS_FAULT.
+            env={FAULT_ENV: fault.spec() if fault is not None else ""},
+            on_poll=None if progress is None else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
+        )
+    except (KeyboardInterrupt, SystemExit) as stop:  # run_row has stopped the row's processes
+        _record_interrupted(recipe, row, row_dir, record_path, directory, stop, provenance)
+        raise
     ranks = read_row(row_dir, recipe.world_size)
     outcome = classify(ranks, launch, train_iters=recipe.train_iters, row_dir=row_dir,
                        stall_timeout_s=stall_timeout_s, timeout_s=timeout_s)
@@ -189,11 +200,28 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
                           f"ran to the end untested ({outcome.message})")
     if row != CONTROL_ROW:
         outcome = against_control(outcome, control)
-    provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",
-                  "command": shlex.join(sys.argv), "notes": f"evidence: {row_dir}"}
     record = build_record(recipe, row, ranks, outcome, provenance=provenance)
-    record_path = directory / "records" / f"{slug}.json"
     write_record(record_path, record)
     if progress is not None:
         progress.row_finished(row, outcome, launch.elapsed_s)
     return RowResult(row, row_dir, record_path, record, outcome, launch)
+
+
+INTERRUPTED_MARKER = "INTERRUPTED.json"
+
+
+def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Path, directory: Path,
+                        stop: BaseException, provenance: dict[str, Any]) -> None:
+    """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and
+    the sweep a marker: nothing in the directory may look like a sweep that simply had fewer rows."""
+    ranks = read_row(row_dir, recipe.world_size)
+    unfinished = [rank for rank in ranks if not rank.done] or ranks
+    behind = min(unfinished, key=lambda rank: rank.position)
+    why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else f"exit {stop.code} (a stop signal)"
+    outcome = Classification("interrupted", behind.iteration if behind.phase else None, behind.phase,
+                             tuple(rank.rank for rank in unfinished),
+                             f"runner stopped by {why} while the row ran; its process tree was stopped")
+    write_record(record_path, build_record(recipe, row, ranks, outcome, provenance=provenance))
+    write_json_atomic(directory / INTERRUPTED_MARKER,
+                      {"row": row, "record": str(record_path), "reason": why,
+                       "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})

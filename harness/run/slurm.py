@@ -12,11 +12,19 @@ records with their golden after the run and exits non-zero when either failed.""
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.errors import UsageError
 from harness.run.recipes import Recipe
+
+SCRIPT_MARK = "# Written by `recompute-harness launch"  # how launch recognises a script it wrote
+# What slurm accepts for a partition/account name and a time limit ("days-hours:minutes:seconds"
+# forms, or "infinite"); anything else (a newline, `;`, `$(...)`) is refused, not put in a script.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._,-]*")
+_TIME = re.compile(r"(\d+-)?\d+(:\d+){0,2}|infinite|unlimited|UNLIMITED")
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,25 @@ class SlurmOptions:
     container_image: str | None = None  # pyxis --container-image for every srun step
     container_mounts: tuple[str, ...] = ()  # extra SRC:DST[:FLAGS] beyond the work and sweep directories
     golden_dir: Path | None = None  # compare the records with their golden after the run
+
+    def validate(self) -> "SlurmOptions":
+        """Refuse (one line) any value that could change the script beyond the directive it names."""
+        for option, value in (("--partition", self.partition), ("--account", self.account)):
+            if value is not None and not _NAME.fullmatch(value):
+                raise UsageError(f"{option} {value!r}: not a slurm name (letters, digits, '.', '_', '-', ',')")
+        if not _TIME.fullmatch(self.time):
+            raise UsageError(f"--time {self.time!r}: expected a slurm time limit such as 02:00:00 or 1-12:00:00")
+        if not 1 <= self.port <= 65535:
+            raise UsageError(f"--port must be in 1..65535, got {self.port}")
+        if self.setup is not None and ("\n" in self.setup or "\r" in self.setup or "\0" in self.setup):
+            raise UsageError("--setup must be one shell line (no newline)")
+        return self
+
+
+def _refuse_unprintable(what: str, value: str) -> str:
+    if any(ch in value for ch in "\n\r\0"):
+        raise UsageError(f"{what} {value!r}: a newline cannot go into an sbatch script")
+    return value
 
 
 def container_srun_args(options: SlurmOptions, workdir: Path, out: Path) -> list[str]:
@@ -43,6 +70,15 @@ def container_srun_args(options: SlurmOptions, workdir: Path, out: Path) -> list
 def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOptions, workdir: Path,
                   recipe_source: str | None = None) -> str:
     """``recipe_source``: what ``--recipe`` was given (a recipe file's path), when not the packaged name."""
+    options.validate()
+    for what, value in (("--out", str(out)), ("working directory", str(workdir)), *(("row", row) for row in rows),
+                        ("--container-image", options.container_image or ""),
+                        *(("--container-mounts", mount) for mount in options.container_mounts),
+                        ("--recipe", recipe_source or ""), ("--golden-dir", str(options.golden_dir or ""))):
+        _refuse_unprintable(what, value)
+    # #SBATCH lines are not shell, but slurm splits them on blanks: a directory with a blank is refused.
+    if any(ch.isspace() for ch in str(out)):
+        raise UsageError(f"--out {str(out)!r}: slurm directives cannot hold a path with blanks")
     directives = [
         f"--job-name=recompute-{recipe.name}",
         f"--nodes={recipe.nnodes}",
@@ -74,7 +110,7 @@ def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOpti
     lines = [
         "#!/bin/bash",
         f"# {recipe.description}",
-        f"# Written by `recompute-harness launch --slurm --recipe {recipe.name}`; submit with `sbatch`.",
+        f"{SCRIPT_MARK} --slurm --recipe {recipe.name}`; submit with `sbatch`.",
         *(f"#SBATCH {directive}" for directive in directives),
         "set -euo pipefail",
         f"cd {shlex.quote(str(workdir))}",

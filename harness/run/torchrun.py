@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.processes import kill_group
+from harness.processes import die_with_parent, kill_group, libc_prctl
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -38,8 +38,9 @@ class LaunchResult:
     returncodes: list[int | None]
     elapsed_s: float
     token: str  # the job token every process of the row carries (see processes_with_token)
-    stopped: str | None = None  # "timeout" | "stall" | None
+    stopped: str | None = None  # "timeout" | "stall" | "died" | None
     killed_leftovers: list[int] = field(default_factory=list)
+    died: list[int] = field(default_factory=list)  # ranks whose process ended without finishing or an error
 
     @property
     def succeeded(self) -> bool:
@@ -105,10 +106,10 @@ def processes_with_token(token: str) -> list[int]:
     return found
 
 
-def _stop(procs: list[subprocess.Popen], token: str) -> list[int]:
+def _stop(procs: list[subprocess.Popen], token: str, grace_s: float = TERM_GRACE_S) -> list[int]:
     for proc in procs:
         kill_group(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + TERM_GRACE_S
+    deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(proc.poll() is None for proc in procs):
         time.sleep(0.1)
     for proc in procs:
@@ -129,15 +130,20 @@ def _sweep(token: str) -> list[int]:
     return leftovers
 
 
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM (``timeout``, slurm's time limit) into ``SystemExit`` while rows run, so ``run_row``
-    stops the row's torchrun process groups (sessions of their own) instead of leaving them behind."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    """Turn SIGTERM (``timeout``, slurm's time limit) and SIGHUP (a closed terminal) into ``SystemExit``
+    while rows run, so ``run_row`` stops the row's torchrun process groups (sessions of their own)
+    instead of leaving them behind, and the runner records the row as interrupted."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: sys.exit(128 + signum)) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_row(
@@ -159,11 +165,12 @@ def run_row(
     wall_start = time.time()
     procs: list[subprocess.Popen] = []
     stopped = None
+    libc_prctl()  # loaded before the fork that runs die_with_parent
     try:  # started inside: a launch that fails part-way still stops the nodes already started
         for index, command in enumerate(commands):
             with open(row_dir / f"launcher{index}.log", "w", encoding="utf-8") as log:
                 procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                              start_new_session=True))
+                                              start_new_session=True, preexec_fn=die_with_parent))
         while any(proc.poll() is None for proc in procs):
             time.sleep(POLL_S)
             elapsed = time.monotonic() - started
@@ -173,7 +180,10 @@ def run_row(
             # The stall clock runs once every rank is training (iteration >= 1): imports, rendezvous
             # and model build are bounded by the row timeout (and torchrun's own join timeout).
             watching = all(rank.started and rank.iteration >= 1 for rank in ranks)
-            if elapsed > timeout_s:
+            died = _died_unreported(row_dir, world_size, ranks)
+            if died:  # blame and stop now: the others would only wait in a collective for the stall timeout
+                stopped = "died"
+            elif elapsed > timeout_s:
                 stopped = "timeout"
             elif watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s:
                 stopped = "stall"
@@ -182,5 +192,29 @@ def run_row(
     except BaseException:
         _stop(procs, token)
         raise
-    killed = _stop(procs, token) if stopped else _sweep(token)
-    return LaunchResult([proc.returncode for proc in procs], time.monotonic() - started, token, stopped, killed)
+    # A row with a dead rank is lost already: its peers get no grace to wait in a collective for it.
+    killed = _stop(procs, token, 0.0 if stopped == "died" else TERM_GRACE_S) if stopped else _sweep(token)
+    return LaunchResult([proc.returncode for proc in procs], time.monotonic() - started, token, stopped, killed,
+                        died if stopped == "died" else [])
+
+
+def _process_gone(pid: int) -> bool:
+    """Ended (or a zombie its torchrun has not reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def _died_unreported(row_dir: Path, world_size: int, ranks: list[RankEvidence]) -> list[int]:
+    """Ranks on this host whose worker process is gone without a ``done`` or an ``error`` line (a
+    SIGKILL, an early exit). Processes are checked before the evidence is read again, so a rank that
+    wrote ``done`` and then exited is never counted."""
+    host = socket.gethostname()
+    gone = [rank.rank for rank in ranks if rank.started and not rank.done and not rank.errors
+            and rank.pid is not None and rank.host == host and _process_gone(rank.pid)]
+    if not gone:
+        return []
+    fresh = read_row(row_dir, world_size)
+    return [rank for rank in gone if not fresh[rank].done and not fresh[rank].errors]

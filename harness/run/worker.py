@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from harness.processes import die_with_parent
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument
 from harness.run.recipes import Recipe
@@ -27,6 +28,7 @@ def read_spec(row_dir: Path) -> dict[str, Any]:
 @record
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    die_with_parent()  # torchrun gone (its runner SIGKILLed, say): this rank must not train on alone
     row_dir = Path(args[0])
     spec = read_spec(row_dir)
     recipe = Recipe.from_dict(spec["recipe"])

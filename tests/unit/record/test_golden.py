@@ -58,3 +58,42 @@ def test_cpu_probe_goldens_are_exact(tmp_path):
         check_against_golden([_probe("core_attn", 4097), _probe("mlp", 8192)], tmp_path / "golden")
     with pytest.raises(UsageError, match="kind"):
         compare_records(load_golden(golden), [run_record()], str(golden))
+
+
+def _mutated(path: str, value):
+    golden = golden_from_records([run_record(), run_record("layernorm", step_ms=450.0)], PROVENANCE).to_json()
+    *parents, last = path.split(".")
+    target = golden
+    for key in parents:
+        target = target[int(key)] if key.isdigit() else target[key]
+    if value is KeyError:
+        del target[last]
+    else:
+        target[int(last) if last.isdigit() else last] = value
+    return golden
+
+
+@pytest.mark.parametrize("path, value, problem", [
+    ("kind", "banana", "not one of"),
+    ("surprise", 1, "unknown key"),
+    ("schema_version", True, "schema version"),
+    ("hardware.gpu_count", -1, ">= 0"),
+    ("rows.0.recompute", "garbage", "expected an object"),
+    ("rows.0.values.step_time_ms", -5.0, ">= 0"),
+    ("rows.0.outcome.phase", -1, "non-empty string"),
+    ("rows.0.values", {}, "missing"),  # an empty row would turn any record set into PASS
+    ("rows.0.values.step_time_ms", KeyError, "missing step_time_ms"),
+    ("rows.0.label", "layernorm", "contradicts its recompute fields"),
+    ("rows.1.values.bogus_metric", 1, "not a metric"),
+])
+def test_golden_loader_is_as_strict_as_the_record_loader(path, value, problem):
+    with pytest.raises(UsageError, match=problem):
+        validate_golden(_mutated(path, value), "g")
+
+
+def test_the_same_configuration_twice_is_refused():
+    golden = golden_from_records([run_record(), run_record("layernorm")], PROVENANCE).to_json()
+    golden["rows"][1]["recompute"] = copy.deepcopy(golden["rows"][0]["recompute"])
+    golden["rows"][1]["label"] = golden["rows"][0]["label"]  # a label must name its fields: same fields, same label
+    with pytest.raises(UsageError, match="duplicated row"):
+        validate_golden(golden, "g")

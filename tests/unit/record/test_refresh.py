@@ -41,3 +41,29 @@ def test_cpu_run_records_never_become_timing_goldens(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "cannot become a timing golden" in err and err.count("\n") == 1
     assert not (tmp_path / "golden").exists()
+
+
+def test_refresh_refuses_when_a_previous_golden_of_the_recipe_is_malformed(tmp_path, capsys):
+    assert refresh(tmp_path, run_record(), run_record("moe_act")) == 0
+    (old,) = (tmp_path / "golden").glob("*.json")
+    broken = old.with_name(old.name.replace(".json", "-old.json").replace("__mcore", "__mcore-old", 1))
+    text = old.read_text().replace('"kind": "run"', '"kind": "banana"')
+    broken.write_text(text)
+    bumped = copy.deepcopy(REVISIONS)
+    bumped["megatron_core"].update(version="0.20.0", fingerprint="0123456789abcdef")
+    capsys.readouterr()
+    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"),
+                 *write_records(tmp_path / "m", run_record(revisions=bumped), run_record("moe_act", revisions=bumped))]) == 2
+    assert str(broken) in capsys.readouterr().err
+    assert len(list((tmp_path / "golden").glob("*.json"))) == 2  # nothing new written
+
+
+def test_a_symlinked_golden_stays_a_symlink(tmp_path):
+    assert refresh(tmp_path, run_record(), run_record("moe_act")) == 0
+    (golden,) = (tmp_path / "golden").glob("*.json")
+    kept = tmp_path / "kept.json"
+    golden.rename(kept)
+    golden.symlink_to(kept)
+    assert refresh(tmp_path / "again", run_record(step_ms=410.0), run_record("moe_act"),
+                   flags=["--golden-dir", str(tmp_path / "golden")]) == 0
+    assert golden.is_symlink() and '"step_time_ms": 410.0' in kept.read_text()

@@ -29,6 +29,7 @@ def test_injected_fault_is_classified_with_its_stage(tmp_path, spec, status, ite
     assert rank in outcome.ranks
     (record,) = load_records([directory / "records"])
     assert record.outcome.status == status and record.outcome.phase == phase
+    assert (record.run_metrics.nan_iterations > 0) == (status == "nan")  # the count matches the outcome
     assert processes_with_token(result.launch.token) == []
     if status == "hang":
         assert result.launch.stopped == "stall"
@@ -45,3 +46,19 @@ def test_a_fault_that_never_fires_fails_its_row(tmp_path):
     _, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault("oom:iteration=1,phase=optimizer-step")])
     assert result.outcome.status == "crash"
     assert "never fired" in result.outcome.message and result.record.outcome.status == "crash"
+
+
+@pytest.mark.parametrize("spec, phase", [
+    ("kill:iteration=2,phase=backward,rank=1", "backward"),  # SIGKILL: no error line, no error file
+    ("exit:iteration=2,phase=forward,rank=1", "forward"),  # exit 0 without reporting
+])
+def test_the_rank_that_died_first_is_blamed_not_its_peer(tmp_path, spec, phase):
+    recipe = load_recipe("cpu-moonlight-ep2")
+    directory, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=6)
+    outcome = result.outcome
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("crash", 2, phase, (1,)), outcome.message
+    (record,) = load_records([directory / "records"])
+    assert record.outcome.ranks == [1]
+    assert processes_with_token(result.launch.token) == []
+    assert outcome.message.startswith("rank(s) [1] died at") and "collateral: rank(s) [0]" in outcome.message
+    assert result.launch.stopped in ("died", None)  # seen by the runner, or by torchrun first
