@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the skill's combinations and full recompute")
     parser.add_argument("--seq-length", type=int, help="override the model's sequence length")
     parser.add_argument("--micro-batch-size", type=int, help="override the model's micro-batch size")
-    parser.add_argument("--attribution", action="store_true", help="also print retained bytes per module")
+    parser.add_argument("--attribution", action="store_true", help="also print retained and carried bytes per module")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S, metavar="S",
                         help="seconds an isolated probe may measure before it is killed and reported as a hang "
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     label_sets = parse_label_sets(args.modules) if args.modules else None
 
     from harness.probe.runner import probe_models
-    from harness.probe.table import attribution_table, probe_json, probe_table
+    from harness.probe.table import attribution_table, carried_table, probe_json, probe_table
 
     probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout, **sizes)
     if args.json:
@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
             print()
             if args.attribution:
                 print(attribution_table(probe))
+                print()
+                print(carried_table(probe))
                 print()
     exit_code = EXIT_OK
     if args.write_golden or args.check_golden:

@@ -154,9 +154,22 @@ class PeakReading:
     iteration: int
     allocated_bytes: int
     reserved_bytes: int | None
+    # memory_allocated() after the optimizer step / after zero_grad; optional keys (newer than v1's first files)
+    allocated_after_step_bytes: int | None = None
+    allocated_after_zero_grad_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes}
+        data: dict[str, Any] = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes,
+                                "reserved_bytes": self.reserved_bytes}
+        for key in ("allocated_after_step_bytes", "allocated_after_zero_grad_bytes"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        return data
+
+    def reading(self) -> tuple[int, int | None, int | None, int | None]:
+        """The tuple a registry ``from_ranks`` function reads (harness.record.metrics.RankReadings)."""
+        return (self.allocated_bytes, self.reserved_bytes, self.allocated_after_step_bytes,
+                self.allocated_after_zero_grad_bytes)
 
 
 @dataclass

@@ -53,7 +53,8 @@ def _iterations(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
 def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     result = []
     for rank in ranks:
-        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"))
+        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"), e.get("allocated_after_step_bytes"),
+                                  e.get("allocated_after_zero_grad_bytes"))
                  for e in rank.iterations if e.get("allocated_bytes") is not None}
         if peaks:
             result.append(rank_peaks(rank.rank, peaks))

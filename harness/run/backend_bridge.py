@@ -121,6 +121,9 @@ class RankMetrics:
         step_time_ms = (time.perf_counter() - self.step_started) * 1000.0
         losses = list((context.loss_dict or {}).values())
         loss = float(losses[0]) if losses else None  # only the last pipeline stage holds the loss
+        # Bridge's train_step zeroes gradients at the start of the next step (DDP grad buffers persist),
+        # so "after the step" is the only between-iterations point this callback sees.
+        self.instrument.read_allocated("after_step")
         self.pending = {
             "iteration": context.state.train_state.step + 1, "loss": loss, "step_time_ms": step_time_ms,
             "skipped": bool(context.skipped_iter), "peaks": self.instrument.memory_peaks(),
