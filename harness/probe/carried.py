@@ -15,13 +15,12 @@ Freezing keeps both the collection and the scan proportional to what step 2 made
 object are invisible here; after backward the autograd graph is gone, so none are expected.
 
 **Holders**: every carried storage is charged to the first path that reaches it, walked from Megatron
-Core's module globals and then from the model (module attributes, one level into plain objects such as the MoE token dispatcher, into
-containers). A reached tensor with a ``grad_fn`` also
-reaches, through its autograd graph, the leaf tensors (and their ``.grad``) its ``AccumulateGrad``
-nodes hold (a leaf made by a checkpoint's replay is held that way) and what custom-Function nodes
-keep as Python attributes (``ctx.rng_states``). What neither walk reaches is
-classified by its young referrers (``gc.get_referrers``, cheap while frozen): a closure cell, a
-reference cycle, or unknown (C++).
+Core's module globals and then from the model (module attributes, into plain objects such as the MoE
+token dispatcher, into containers). A reached tensor with a ``grad_fn`` also reaches, through its
+autograd graph, the leaf tensors (and their ``.grad``) its ``AccumulateGrad`` nodes hold (a leaf made
+by a checkpoint's replay is held that way) and what custom-Function nodes keep as Python attributes
+(``ctx.rng_states``). What neither walk reaches is classified by its young referrers
+(``gc.get_referrers``, cheap while frozen): a closure cell, a reference cycle, or unknown (C++).
 """
 
 from __future__ import annotations
@@ -93,6 +92,8 @@ class _Reach:
         self.wanted = wanted
         self.found: dict[int, tuple[str, str]] = {}  # storage key -> (holder path, module)
         self._visited: set[int] = set()
+        # Graph nodes' Python wrappers are made on access; holding them keeps their id()s unique.
+        self._nodes: list[object] = []
 
     def walk(self, root: object, path: str, module: str) -> None:
         level = [(path, root)]
@@ -125,6 +126,7 @@ class _Reach:
             if node is None or id(node) in self._visited:
                 continue
             self._visited.add(id(node))
+            self._nodes.append(node)
             variable = getattr(node, "variable", None)  # AccumulateGrad
             if isinstance(variable, torch.Tensor):
                 self._charge(variable, where + " -> graph leaf", module)
