@@ -161,9 +161,10 @@ class PeakReading:
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes,
                                 "reserved_bytes": self.reserved_bytes}
-        for key in ("allocated_after_step_bytes", "allocated_after_zero_grad_bytes"):
-            if getattr(self, key) is not None:
-                data[key] = getattr(self, key)
+        if self.allocated_after_step_bytes is not None:
+            data["allocated_after_step_bytes"] = self.allocated_after_step_bytes
+        if self.allocated_after_zero_grad_bytes is not None:
+            data["allocated_after_zero_grad_bytes"] = self.allocated_after_zero_grad_bytes
         return data
 
     def reading(self) -> tuple[int, int | None, int | None, int | None]:
@@ -244,7 +245,9 @@ class RunMetrics:
             # Positional: a record holds iterations × ranks of these (1,000 records load in <= 2 s).
             iterations=[IterationRow(r["iteration"], r["step_time_ms"], r["loss"], r["tflops_per_gpu"], r["skipped"],
                                      r["nan"]) for r in data["iterations"]],
-            ranks=[RankPeaks(rank["rank"], [PeakReading(p["iteration"], p["allocated_bytes"], p["reserved_bytes"])
+            ranks=[RankPeaks(rank["rank"], [PeakReading(p["iteration"], p["allocated_bytes"], p["reserved_bytes"],
+                                                        p.get("allocated_after_step_bytes"),
+                                                        p.get("allocated_after_zero_grad_bytes"))
                                             for p in rank["peaks"]]) for rank in data["ranks"]],
             steady_window=None if window is None else SteadyWindow(**window),
             headline=Headline.from_json(data["headline"]),

@@ -80,3 +80,12 @@ def test_records_without_the_between_iteration_readings_have_no_carried_headline
     assert data["metrics"]["headline"]["carried_allocated_bytes"] is None
     assert not any(key.startswith("allocated_after") for rank in data["metrics"]["ranks"]
                    for peak in rank["peaks"] for key in peak)
+
+
+def test_the_between_iteration_readings_survive_a_load():
+    from harness.record.model import Record
+
+    data = _carried_record([4_000_000_000, None])
+    loaded = Record.from_json(data)
+    assert loaded.run_metrics.ranks[0].at(2).allocated_after_zero_grad_bytes == 4_000_000_000
+    assert loaded.to_json() == data
