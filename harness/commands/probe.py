@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="core attention: MCore's local (unfused, keeps the score matrix; default) or a CPU "
                              "core attention that keeps what fused/flash attention keeps (q, k, v, output, "
                              "softmax statistics)")
-    parser.add_argument("--attribution", action="store_true", help="also print retained bytes per module")
+    parser.add_argument("--attribution", action="store_true", help="also print retained and carried bytes per module")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S, metavar="S",
                         help="seconds an isolated probe may measure before it is killed and reported as a hang "
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     label_sets = parse_label_sets(args.modules) if args.modules else None
 
     from harness.probe.runner import probe_models
-    from harness.probe.table import attribution_table, probe_json, probe_table, unmeasured_table
+    from harness.probe.table import attribution_table, carried_table, probe_json, probe_table, unmeasured_table
 
     probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout,
                           attention_backend=args.attention_backend, **sizes)
@@ -100,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             print()
             if args.attribution:
                 print(attribution_table(probe))
+                print()
+                print(carried_table(probe))
                 print()
         unmeasured = unmeasured_table(probes)
         if unmeasured:

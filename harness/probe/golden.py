@@ -43,7 +43,7 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
     return cpu_probe_metrics(
         retained_bytes=row.retained_bytes, backward_flops=row.backward_flops, replay_bytes=row.replay_bytes,
         replay_ops=row.replay_ops, not_bitwise_values=_not_bitwise(row.equivalence),
-        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence),
+        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence), carried_bytes=row.carried_bytes,
     )
 
 

@@ -7,6 +7,8 @@
   to 0) counts as freed. Storages are deduplicated; parameter storages are excluded.
 - **Attribution**: each saved storage is charged to the innermost module whose forward was running
   when autograd first saved it.
+- **Carried bytes**: what a second, uninstrumented step leaves alive after its backward, and who
+  holds it (harness.probe.carried).
 - **Replay cost**: backward FLOPs from ``FlopCounterMode`` (matmul-class ops only), plus the bytes
   read and written by every op *replayed* in backward. A replayed op is one that runs with grad mode
   on during backward: autograd runs backward with grad mode off, and every MCore checkpoint replays
@@ -28,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from harness.cpu.adapter import reseed
 from harness.models import TinyModel
+from harness.probe.carried import Carried, measure_carried
 
 
 @dataclass
@@ -39,6 +42,7 @@ class Measurement:
     backward_flops: int
     replay_bytes: int
     replay_ops: int
+    carried: Carried | None = None  # what a second step leaves alive (instrumented runs only)
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -137,8 +141,16 @@ def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> M
     seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
     with FlopCounterMode(display=False) as flops, _ReplayCounter() as replay:
         loss.backward(seed_grad)
-    return Measurement(loss.detach(), _grads(module), retained_bytes, attribution,
-                       int(flops.get_total_flops()), replay.bytes, replay.ops)
+    grads = _grads(module)
+
+    def second_step() -> None:
+        module.zero_grad(set_to_none=True)
+        reseed(seed)
+        model.loss(batch).backward()
+
+    carried = measure_carried(module, second_step, list(batch.values()))
+    return Measurement(loss.detach(), grads, retained_bytes, attribution,
+                       int(flops.get_total_flops()), replay.bytes, replay.ops, carried)
 
 
 def retained_by_forward(module: torch.nn.Module, forward: Callable[[], Any],

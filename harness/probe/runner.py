@@ -51,6 +51,9 @@ class ProbeRowResult:
     equivalence: Equivalence | None = None  # fp32, dropout off
     dropout_equivalence: Equivalence | None = None  # dropout on: equal only if the RNG replays
     attribution: dict[str, int] = field(default_factory=dict)
+    carried_bytes: int | None = None  # what a second step leaves alive after backward (harness.probe.carried)
+    carried_attribution: dict[str, int] = field(default_factory=dict)
+    carried_holders: list[dict[str, Any]] = field(default_factory=list)  # CarriedTensor fields, per storage
 
     @property
     def measured(self) -> bool:
@@ -65,6 +68,8 @@ class ProbeRowResult:
     def from_dict(cls, data: dict[str, Any]) -> "ProbeRowResult":
         data = dict(data)
         data["fields"] = RecomputeFields.from_dict(data["fields"])
+        for holder in data.get("carried_holders", []):
+            holder["shape"] = tuple(holder["shape"])  # JSON brought it back as a list
         for key in ("equivalence", "dropout_equivalence"):
             if data[key] is not None:
                 data[key] = Equivalence(**data[key])
@@ -144,6 +149,7 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
         equivalence,
         compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
         result.attribution,
+        result.carried.bytes, result.carried.attribution(), [asdict(tensor) for tensor in result.carried.tensors],
     )
 
 

@@ -22,6 +22,12 @@ def _pct(value: int | None, base: int | None) -> str:
     return f"{(value - base) / base * 100:+.2f}%"
 
 
+def _delta_kib(value: int | None, base: int | None) -> str:
+    if value is None or base is None:
+        return "-"
+    return "0" if value == base else f"{(value - base) / 1024:+.1f}"
+
+
 def _equivalence(row: ProbeRowResult) -> str:
     if row.equivalence is None:
         return "-"
@@ -45,18 +51,22 @@ def probe_table(probe: ModelProbe) -> str:
         f"## {probe.model} — {probe.description}",
         f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU, {probe.attention_backend} "
         "core attention; bytes retained by "
-        "autograd at the end of forward; FLOPs of backward (matmul-class ops)",
+        "autograd at the end of forward; FLOPs of backward (matmul-class ops); bytes a second step leaves "
+        "alive after backward (carried)",
         "",
-        "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Equivalence | Status |",
-        "|---|---:|---:|---:|---:|---:|---|---|",
+        "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Carried KiB | vs `[]` KiB "
+        "| Equivalence | Status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in probe.rows:
         if row.measured:
             cells = [f"{row.retained_bytes / MIB:.3f}", _pct(row.retained_bytes, control.retained_bytes),
                      f"{row.backward_flops / 1e9:.4f}", _pct(row.backward_flops, control.backward_flops),
-                     f"{row.replay_bytes / MIB:.3f}"]
+                     f"{row.replay_bytes / MIB:.3f}",
+                     "-" if row.carried_bytes is None else f"{row.carried_bytes / 1024:.1f}",
+                     _delta_kib(row.carried_bytes, control.carried_bytes)]
         else:
-            cells = ["-"] * 5
+            cells = ["-"] * 7
         label = "`[]`" if row is control else f"`{row.label}`"
         lines.append("| " + " | ".join([label, *cells, _equivalence(row), _status(row)]) + " |")
     return "\n".join(lines)
@@ -108,6 +118,47 @@ def unmeasured_table(probes: list[ModelProbe]) -> str:
         why = "; ".join(f"{model}: {describe_unmeasured(entry)}" for model, entry in entries)
         lines.append(f"| `{label}` | unmeasured — {why.replace('|', '/')} |")
     return "\n".join(lines)
+
+
+def carried_table(probe: ModelProbe) -> str:
+    """Who holds what each row carries across the step, as a change against ``[]`` per holding module."""
+    rows = [row for row in probe.rows if row.measured and row.carried_bytes is not None]
+    grouped = {row.label: grouped_attribution(row.carried_attribution) for row in rows}
+    control = grouped.get(probe.control.label, {})
+    modules = sorted({module for values in grouped.values() for module in values},
+                     key=lambda m: (-control.get(m, 0), m))
+    changed = [row.label for row in rows if row is not probe.control and grouped[row.label] != control]
+    header = ["Holder module (carried after backward)", "`[]` KiB", *[f"`{label}` Δ KiB" for label in changed]]
+    lines = [f"### {probe.model}: memory carried across the step, by holder", "",
+             "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for module in modules:
+        base = control.get(module, 0)
+        deltas = [grouped[label].get(module, 0) - base for label in changed]
+        lines.append("| " + " | ".join([module, f"{base / 1024:.1f}",
+                                        *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas]]) + " |")
+    holders = _extra_holders(probe, rows)
+    if holders:
+        lines += ["", "Held beyond `[]` (row: holder, shape, dtype, bytes):"]
+        lines += [f"- `{label}`: {holder}" for label, holder in holders]
+    return "\n".join(lines)
+
+
+def _extra_holders(probe: ModelProbe, rows: list[ProbeRowResult]) -> list[tuple[str, str]]:
+    """Each row's held storages whose (holder, shape) the control does not hold."""
+    def key(holder: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
+        return holder["holder"], tuple(holder["shape"])
+
+    control = {key(holder) for holder in probe.control.carried_holders}
+    out = []
+    for row in rows:
+        if row is probe.control:
+            continue
+        counts: dict[str, list[int]] = defaultdict(list)
+        for h in row.carried_holders:
+            if key(h) not in control:
+                counts[f"{h['holder']} {list(h['shape'])} {h['dtype']}"].append(h["nbytes"])
+        out += [(row.label, f"{what} ×{len(sizes)}, {sum(sizes)} bytes") for what, sizes in counts.items()]
+    return out
 
 
 def probe_json(probe: ModelProbe) -> dict[str, Any]:

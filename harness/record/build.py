@@ -46,11 +46,10 @@ def iteration_row(
     return IterationRow(iteration, step_time_ms, None if nan else loss, tflops_per_gpu, skipped, nan)
 
 
-def rank_peaks(rank: int, peaks: Mapping[int, tuple[int, int | None] | tuple[int, int | None, int | None]]) -> RankPeaks:
-    """A rank's ``(max_memory_allocated, max_memory_reserved[, device used])`` read after each iteration's
-    optimizer step; the device memory in use (``mem_get_info``: total - free) is kept when measured."""
-    return RankPeaks(rank, [PeakReading(it, reading[0], reading[1], reading[2] if len(reading) > 2 else None)
-                            for it, reading in sorted(peaks.items())])
+def rank_peaks(rank: int, peaks: Mapping[int, tuple[int | None, ...]]) -> RankPeaks:
+    """A rank's ``(max_memory_allocated, max_memory_reserved[, allocated after the step, after zero_grad])``
+    read after each iteration's optimizer step."""
+    return RankPeaks(rank, [PeakReading(it, *values) for it, values in sorted(peaks.items())])
 
 
 def headline(
@@ -67,7 +66,7 @@ def headline(
     shows there). Every peak metric is computed by its registry entry (``Metric.from_ranks``). Step
     time and TFLOP/s: means over the steady window, skipping skipped and NaN iterations.
     """
-    readings = [{p.iteration: (p.allocated_bytes, p.reserved_bytes) for p in r.peaks} for r in ranks]
+    readings = [{p.iteration: p.reading() for p in r.peaks} for r in ranks]
     common = set.intersection(*(set(r) for r in readings)) if readings else set()
     at = HEADLINE_ITERATION if HEADLINE_ITERATION in common else max(common, default=None)
     last = max(common, default=None)

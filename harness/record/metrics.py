@@ -66,8 +66,10 @@ MATERIAL_SAVING_PCT = 0.5
 MATERIAL_COST_PCT = 0.5
 
 
-# Per rank: {iteration: (allocated_bytes, reserved_bytes | None)} read after that iteration's optimizer step.
-RankReadings = Sequence[Mapping[int, tuple[int, int | None]]]
+# Per rank: {iteration: (allocated_bytes, reserved_bytes | None, allocated_after_step_bytes | None,
+# allocated_after_zero_grad_bytes | None)}: the peaks read after that iteration's optimizer step, then
+# memory_allocated() right after the step and after zero_grad (absent from older records: None).
+RankReadings = Sequence[Mapping[int, tuple[int, int | None, int | None, int | None]]]
 # (readings of every rank, the headline iteration, the last iteration every rank reported) -> value
 FromRanks = Callable[[RankReadings, int | None, int | None], int | None]
 
@@ -101,6 +103,14 @@ def _max_reserved(readings: RankReadings, at: int | None) -> int | None:
     return None if None in reserved else max(reserved)
 
 
+def _hottest_carried(readings: RankReadings, at: int | None) -> int | None:
+    """The most any rank still holds after zero_grad (else after the step) at the end of iteration ``at``."""
+    if at is None or not readings:
+        return None
+    carried = [rank[at][3] if rank[at][3] is not None else rank[at][2] for rank in readings]
+    return None if None in carried else max(carried)
+
+
 def _allocated_spread(readings: RankReadings, at: int | None) -> int | None:
     if at is None or not readings:
         return None
@@ -131,6 +141,11 @@ METRICS: tuple[Metric, ...] = (
            "hottest minus coolest rank's allocated peak after the headline iteration (routing imbalance)",
            required=False, golden=False,
            from_ranks=lambda readings, at, last: _allocated_spread(readings, at)),
+    Metric("carried_allocated_bytes", "bytes", "lower", "headline",
+           "hottest rank's memory_allocated() after zero_grad (Bridge: after the optimizer step) at the end "
+           "of the headline iteration: what the next iteration starts from (docs/carried-memory.md)",
+           required=False, golden=False,  # judged against `[]` by the comparison, not pinned per golden
+           from_ranks=lambda readings, at, last: _hottest_carried(readings, at)),
     Metric("step_time_ms", "ms", "lower", "headline", "mean step time over the steady window",
            tolerance=relative(0.05), control_tolerance=relative(0.10)),
     Metric("tflops_per_gpu", "TFLOP/s", "higher", "headline", "mean TFLOP/s per GPU over the steady window",
@@ -151,6 +166,11 @@ METRICS: tuple[Metric, ...] = (
     Metric("device_used_bytes", "bytes", "lower", "per-rank",
            "torch.cuda.mem_get_info() total - free at the same point: also what the caching allocator never "
            "sees (CUDA context, NCCL and DeepEP/HybridEP buffers)", nullable=False, required=False, golden=False),
+    Metric("allocated_after_step_bytes", "bytes", "lower", "per-rank",
+           "memory_allocated() right after the optimizer step", required=False, golden=False),
+    Metric("allocated_after_zero_grad_bytes", "bytes", "lower", "per-rank",
+           "memory_allocated() after zero_grad, at the end of the iteration (null: the back end zeroes "
+           "gradients at the next step's start)", required=False, golden=False),
     # --- effects: a row against the matched [] control of the same set (record/effects.py) ------------
     # Judged first: paired within one sweep, they cancel most machine drift, and they are what a
     # recompute regression is (a label that saves less or costs more).
@@ -175,6 +195,9 @@ METRICS: tuple[Metric, ...] = (
            "loss and gradients not bit-identical to the control's", nullable=False, required=False),
     Metric("dropout_not_bitwise_values", "values", "exact", "probe",
            "the same with dropout on (RNG replay)", nullable=False, required=False),
+    Metric("carried_bytes", "bytes", "lower", "probe",
+           "bytes a second step leaves alive after backward: not parameters, gradients or the batch "
+           "(docs/carried-memory.md)", nullable=False, required=False),
 )
 
 

@@ -159,13 +159,26 @@ class PeakReading:
     iteration: int
     allocated_bytes: int
     reserved_bytes: int | None
+    # memory_allocated() after the optimizer step / after zero_grad; optional keys (newer than v1's first files)
+    allocated_after_step_bytes: int | None = None
+    allocated_after_zero_grad_bytes: int | None = None
     device_used_bytes: int | None = None  # optional (metrics registry): mem_get_info's total - free
 
     def to_json(self) -> dict[str, Any]:
-        data = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes, "reserved_bytes": self.reserved_bytes}
+        data: dict[str, Any] = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes,
+                                "reserved_bytes": self.reserved_bytes}
+        if self.allocated_after_step_bytes is not None:
+            data["allocated_after_step_bytes"] = self.allocated_after_step_bytes
+        if self.allocated_after_zero_grad_bytes is not None:
+            data["allocated_after_zero_grad_bytes"] = self.allocated_after_zero_grad_bytes
         if self.device_used_bytes is not None:
             data["device_used_bytes"] = self.device_used_bytes
         return data
+
+    def reading(self) -> tuple[int, int | None, int | None, int | None]:
+        """The tuple a registry ``from_ranks`` function reads (harness.record.metrics.RankReadings)."""
+        return (self.allocated_bytes, self.reserved_bytes, self.allocated_after_step_bytes,
+                self.allocated_after_zero_grad_bytes)
 
 
 @dataclass
@@ -240,7 +253,10 @@ class RunMetrics:
             # Positional: a record holds iterations × ranks of these (1,000 records load in <= 2 s).
             iterations=[IterationRow(r["iteration"], r["step_time_ms"], r["loss"], r["tflops_per_gpu"], r["skipped"],
                                      r["nan"]) for r in data["iterations"]],
-            ranks=[RankPeaks(rank["rank"], [PeakReading(p["iteration"], p["allocated_bytes"], p["reserved_bytes"])
+            ranks=[RankPeaks(rank["rank"], [PeakReading(p["iteration"], p["allocated_bytes"], p["reserved_bytes"],
+                                                        p.get("allocated_after_step_bytes"),
+                                                        p.get("allocated_after_zero_grad_bytes"),
+                                                        p.get("device_used_bytes"))
                                             for p in rank["peaks"]]) for rank in data["ranks"]],
             steady_window=None if window is None else SteadyWindow(**window),
             headline=Headline.from_json(data["headline"]),

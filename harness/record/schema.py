@@ -37,7 +37,7 @@ _HEADLINE_REQUIRED = tuple(m.name for m in _HEADLINE_METRICS if m.required) + ("
 _HEADLINE_OPTIONAL = tuple(m.name for m in _HEADLINE_METRICS if not m.required)
 _PROBE_REQUIRED = tuple(m.name for m in metrics_in("probe") if m.required)
 _PEAK_KEYS = ("iteration", *(m.name for m in metrics_in("per-rank") if m.required))
-_PEAK_OPTIONAL_KEYS = tuple(m.name for m in metrics_in("per-rank") if not m.required)
+_PEAK_OPTIONAL = tuple(m.name for m in metrics_in("per-rank") if not m.required)
 _ITERATION_KEYS = ("iteration", *(m.name for m in metrics_in("per-iteration")), "skipped", "nan")
 _ITERATION_MEASURES = tuple(m.name for m in metrics_in("per-iteration") if m.better != "exact")
 # The same keys as sets, for the fast path that checks the bulk of a record's rows.
@@ -277,15 +277,16 @@ def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
                 peak_iterations.add(peak["iteration"])  # fast path for the bulk of a record
                 continue
             ppath = f"{path}.peaks[{j}]"
-            check.obj(peak, ppath, _PEAK_KEYS, _PEAK_OPTIONAL_KEYS)
+            check.obj(peak, ppath, _PEAK_KEYS, _PEAK_OPTIONAL)
             check.integer(peak["iteration"], f"{ppath}.iteration")
             if peak["iteration"] in peak_iterations:
                 check.fail(ppath, f"duplicated row for iteration {peak['iteration']}")
             peak_iterations.add(peak["iteration"])
             check.integer(peak["allocated_bytes"], f"{ppath}.allocated_bytes")
             check.integer(peak["reserved_bytes"], f"{ppath}.reserved_bytes", nullable=True)
-            if "device_used_bytes" in peak:
-                check.integer(peak["device_used_bytes"], f"{ppath}.device_used_bytes")
+            for name in _PEAK_OPTIONAL:
+                if name in peak:
+                    check.integer(peak[name], f"{ppath}.{name}", nullable=True)
     window = metrics["steady_window"]
     if window is not None:
         check.obj(window, "metrics.steady_window", ("first", "last"))
@@ -315,8 +316,9 @@ def _check_headline_matches_ranks(check: Checker, headline: dict, ranks: list) -
     at = headline["peak_after_iteration"]
     if not ranks or at is None:
         return
-    readings = [{peak["iteration"]: (peak["allocated_bytes"], peak["reserved_bytes"]) for peak in rank["peaks"]}
-                for rank in ranks]
+    readings = [{peak["iteration"]: (peak["allocated_bytes"], peak["reserved_bytes"],
+                                     peak.get("allocated_after_step_bytes"), peak.get("allocated_after_zero_grad_bytes"))
+                 for peak in rank["peaks"]} for rank in ranks]
     if any(at not in rank for rank in readings):
         check.fail("metrics.headline.peak_after_iteration", f"not every rank reported a peak after iteration {at}")
     last = max(set.intersection(*(set(rank) for rank in readings)))

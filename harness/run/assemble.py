@@ -77,7 +77,9 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     """Every rank that reported a peak, every iteration it reported (none is dropped or merged)."""
     result = []
     for rank in ranks:
-        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"), e.get("device_used_bytes"))
+        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"), e.get("allocated_after_step_bytes"),
+                                  e.get("allocated_after_zero_grad_bytes"),
+                                  e.get("device_used_bytes"))
                  for e in rank.iterations if e.get("allocated_bytes") is not None}
         if peaks:
             result.append(rank_peaks(rank.rank, peaks))

@@ -166,6 +166,9 @@ class RankMetrics:
         iteration = context.state.train_state.step + 1
         losses = list((context.loss_dict or {}).values())
         loss = float(losses[0]) if losses else None  # only the last pipeline stage holds the loss
+        # Bridge's train_step zeroes gradients at the start of the next step (DDP grad buffers persist),
+        # so "after the step" is the only between-iterations point this callback sees.
+        self.instrument.read_allocated("after_step")
         # Emitted now, not at the next step's start: a failure in between (CUDA-graph capture) keeps it.
         self.instrument.iteration_end(iteration, loss=loss, step_time_ms=(now - self.interval_started) * 1000.0,
                                       skipped=bool(context.skipped_iter), peaks=self.instrument.memory_peaks())

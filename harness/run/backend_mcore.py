@@ -129,7 +129,9 @@ class MCoreTraining:
         else:
             with instrument.phase(iteration, "optimizer-step"):
                 self.optimizer.step()
+        instrument.read_allocated("after_step")
         self.optimizer.zero_grad(set_to_none=True)
+        instrument.read_allocated("after_zero_grad")
         return step_loss
 
 

@@ -2,7 +2,8 @@
 
 Per iteration it costs one flushed JSON line per phase plus one for the iteration, two reads of
 the CUDA caching allocator's counters (``max_memory_allocated``/``max_memory_reserved``, host-side, no
-device sync) and one ``torch.cuda.mem_get_info()`` (the driver's free/total of the whole device:
+device sync), ``memory_allocated()`` after the optimizer step and after zero_grad (memory carried
+into the next iteration), and one ``torch.cuda.mem_get_info()`` (the driver's free/total of the whole device:
 what the allocator does not see — the CUDA context, NCCL's and DeepEP/HybridEP's buffers). Phases
 are marked on the host; an OOM is raised on the host by the allocating call, so the phase it is
 reported in is the one that allocated. On CPU there is no caching allocator and so no allocator
@@ -56,6 +57,7 @@ class Instrument:
         self.phase_name: str | None = None
         self.device_named = False
         self._reported: BaseException | None = None
+        self.allocated: dict[str, int] = {}  # memory_allocated() read this iteration, emitted at its end
 
     def started(self, world_size: int) -> None:
         """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
@@ -110,13 +112,25 @@ class Instrument:
         free, total = torch.cuda.mem_get_info()
         return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()), int(total - free)
 
+    def read_allocated(self, point: str) -> None:
+        """``torch.cuda.memory_allocated()`` now, for ``point`` "after_step" or "after_zero_grad" (nothing
+        on CPU): what is still allocated between iterations, i.e. carried into the next one. Host-side
+        counter, no device sync."""
+        if self.device != "cuda":
+            return
+        import torch
+
+        self.allocated[point] = int(torch.cuda.memory_allocated())
+
     def iteration_end(self, iteration: int, *, loss: float | None, step_time_ms: float | None,
                       skipped: bool = False, peaks: MemoryReading | None = None) -> None:
         """``peaks`` when read earlier (right after the optimizer step); else read now."""
         allocated, reserved, device_used = self.memory_peaks() if peaks is None else peaks
+        carried = {f"allocated_{point}_bytes": value for point, value in self.allocated.items()}
+        self.allocated = {}
         self.events.emit(
             "iteration", iteration=iteration, loss=loss, step_time_ms=step_time_ms, skipped=skipped,
-            allocated_bytes=allocated, reserved_bytes=reserved, device_used_bytes=device_used,
+            allocated_bytes=allocated, reserved_bytes=reserved, device_used_bytes=device_used, **carried,
             nan=loss is not None and not math.isfinite(loss),
         )
 

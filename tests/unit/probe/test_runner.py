@@ -10,7 +10,7 @@ from harness.models import STYLE_MODELS
 from harness.probe.coverage import describe_unmeasured
 from harness.probe.golden import check_probe_golden, probe_records, write_probe_golden
 from harness.probe.runner import probe_models
-from harness.probe.table import attribution_table, grouped_attribution, probe_table
+from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
 from harness.record.golden import golden_filename
 
 # Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
@@ -150,3 +150,21 @@ def test_tables_render(probes):
     table = probe_table(probes["moonlight-tiny"])
     assert "| `[]` |" in table and "| `mla_up_proj` |" in table and "requires-TE" in table
     assert "linear_kv_up_proj" in attribution_table(probes["moonlight-tiny"])
+
+
+def test_carried_memory_names_the_moe_dispatcher_under_reentrant_recompute(probes):
+    # docs/carried-memory.md: under `moe` and full recompute the allgather dispatcher's local_probs
+    # holds the replay's graph, keeping the checkpoint input and its grad ([s, b, h] each) alive.
+    for name in ("moonlight-tiny", "nemotron-tiny"):
+        probe, rows = probes[name], rows_of(probes[name])
+        hidden = [probe.seq_length, probe.micro_batch_size, 64]
+        for label in ("moe", "full-uniform-1"):
+            extra = rows[label].carried_bytes - probe.control.carried_bytes
+            leaves = [h for h in rows[label].carried_holders
+                      if h["holder"].endswith(("local_probs -> graph leaf", "local_probs -> graph leaf .grad"))]
+            assert list(leaves[0]["shape"]) == hidden and len(leaves) == 2 * 2  # two MoE layers in each model
+            assert extra == sum(h["nbytes"] for h in leaves) > 0
+        assert not any("graph leaf" in h["holder"] for h in probe.control.carried_holders)
+    dense = rows_of(probes["dense-tiny"])
+    assert dense["full-uniform-1"].carried_bytes == probes["dense-tiny"].control.carried_bytes
+    assert "local_probs -> graph leaf" in carried_table(probes["moonlight-tiny"])
