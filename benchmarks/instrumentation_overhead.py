@@ -38,6 +38,9 @@ class BareInstrument:
     def loss(self, loss: Any, iteration: int) -> Any:
         return loss
 
+    def read_allocated(self, point: str) -> None:
+        """No memory_allocated() reads (the instrumented arm makes them)."""
+
 
 def _world_of_one() -> None:
     from harness.run.torchrun import free_port

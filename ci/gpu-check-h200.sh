@@ -98,8 +98,20 @@ step sweep timeout "${GPU_CHECK_SWEEP_LIMIT_S:-$sweep_limit}" "$python" -m harne
   --out "$work/runs" --timeout "$row_timeout" --stall-timeout "$stall_timeout"
 records="$(find "$work/runs" -mindepth 2 -maxdepth 2 -type d -name records -print -quit 2>/dev/null)"
 if [[ -n "$records" ]] && compgen -G "$records/*.json" > /dev/null; then
-  # A golden for this hardware profile, written by the harness from these records (provenance inside).
-  step golden "$python" -m harness.cli golden refresh --golden-dir "$work/golden" --allow-failed "$records"
+  if [[ $mode == cpu ]]; then
+    # CPU step times are no timing golden: the harness refuses them (docs/bump.md), and the rehearsal
+    # checks exactly that refusal on these records; on the GPU the same command writes the golden.
+    echo "== golden (expected refusal on CPU records)" >> "$log"
+    if "$python" -m harness.cli golden refresh --golden-dir "$work/golden" --allow-failed "$records" >> "$log" 2>&1; then
+      say "golden: failed (CPU records were accepted as a timing golden)"
+      status=1
+    else
+      say "golden: ok (refused on CPU records, as it must be; a GPU run writes the golden)"
+    fi
+  else
+    # A golden for this hardware profile, written by the harness from these records (provenance inside).
+    step golden "$python" -m harness.cli golden refresh --golden-dir "$work/golden" --allow-failed "$records"
+  fi
 else
   say "golden: skipped (the sweep wrote no records)"
   status=1
