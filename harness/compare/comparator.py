@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from harness.errors import UsageError
 from harness.record.effects import matched_control
-from harness.record.golden import Golden, golden_values, pin_differences, workload_identity
+from harness.record.golden import Golden, golden_values, identity_differences
 from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
@@ -58,33 +58,6 @@ class Comparison:
 
 def refresh_command(golden_path: str, record_sources: Sequence[str] = ("RECORD...",)) -> str:
     return f"recompute-harness golden refresh --golden-dir {Path(golden_path).parent} {' '.join(record_sources)}"
-
-
-def identity_differences(golden: Golden, record: Record) -> list[str]:
-    """Every pin, hardware or recipe field where ``record`` differs from ``golden``.
-
-    A pin the golden leaves null was not recorded by its source (e.g. the skill card gives commits, no
-    fingerprint); it is not compared. Every pin the golden states must match exactly, except that a
-    package pinned by commit and by version + fingerprint matches by either (``pin_differences``).
-    """
-    differences = []
-    # A GPU run may be judged against a transcribed reference golden of its exact pins; a CPU probe only
-    # against CPU-probe goldens.
-    if (record.kind == "cpu-probe") != (golden.kind == "cpu-probe"):
-        differences.append(f"kind {golden.kind} != {record.kind}")
-    if record.workload.recipe != golden.recipe:
-        differences.append(f"recipe {golden.recipe} != {record.workload.recipe}")
-    for key, value in record.hardware.profile().items():
-        if value != golden.hardware[key]:
-            differences.append(f"hardware.{key} {golden.hardware[key]} != {value}")
-    as_run = workload_identity(record) or {}
-    for key, value in (golden.workload or {}).items():
-        if as_run.get(key) != value:
-            differences.append(f"workload.{key} {value} != {as_run.get(key)}")
-    pins = record.pins()
-    for key, pinned in golden.pins.items():
-        differences += pin_differences(key, pinned, pins[key])
-    return differences
 
 
 def tolerance_text(rule: dict[str, Any], unit: str | None) -> str:

@@ -161,14 +161,14 @@ def _git(root: Path, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _git_commit(root: Path) -> tuple[str | None, str]:
+def _git_commit(root: Path, tracked: str = "transformer/transformer_config.py") -> tuple[str | None, str]:
     """(commit, note) of the git work tree whose *tracked* files are ``root`` (submodules, checkouts).
 
-    A tree with local changes under ``root`` has no commit that describes it: (None, why). Files that
-    git does not track there (a wheel inside an ignored ``.venv`` of some repository) are not that
-    repository's code: (None, "").
+    ``tracked`` is a file under ``root`` that git must track there. A tree with local changes under
+    ``root`` has no commit that describes it: (None, why). Files that git does not track there (a wheel
+    inside an ignored ``.venv`` of some repository) are not that repository's code: (None, "").
     """
-    if _git(root, "ls-files", "--error-unmatch", "transformer/transformer_config.py") is None:
+    if _git(root, "ls-files", "--error-unmatch", tracked) is None:
         return None, ""
     commit = _git(root, "rev-parse", "HEAD")
     if commit is None:
@@ -176,6 +176,25 @@ def _git_commit(root: Path) -> tuple[str | None, str]:
     if _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".") != "":
         return None, f"git work tree at {commit[:12]} has local changes under {root}: no commit describes it"
     return commit, ""
+
+
+def tree_identity(path: Path) -> dict[str, Any]:
+    """version / commit / fingerprint of a Megatron Core source tree that is not imported: a Megatron-LM
+    checkout (or its ``megatron/core``) at some commit, e.g. the commit a study was measured on.
+
+    The commit comes from git and only from a clean work tree, so what the fingerprint covers is
+    exactly that commit's code; anything else is ``IdentityError``.
+    """
+    root = Path(path) / "megatron" / "core" if (Path(path) / "megatron" / "core").is_dir() else Path(path)
+    fingerprint = _fingerprint(root)  # IdentityError when root is not a Megatron Core tree
+    commit, note = _git_commit(root)
+    if commit is None:
+        raise IdentityError(f"{root}: {note or 'not a git work tree that tracks these files'}; "
+                            "check out the commit in a clean git work tree")
+    version = _source_version(root)
+    if version is None:
+        raise IdentityError(f"{root}: no readable package_info.py, so no version")
+    return {"version": version, "commit": commit, "fingerprint": fingerprint}
 
 
 def _owned_by(dist: metadata.Distribution, root: Path) -> bool:
@@ -277,11 +296,21 @@ def _driver_version() -> str | None:
     return None
 
 
-def _package(name: str) -> dict[str, Any] | None:
+def _package(name: str, module: str | None = None) -> dict[str, Any] | None:
+    """version and commit of an installed distribution. Without a PEP 610 commit, the commit of the git
+    work tree that tracks ``module``'s imported files (an editable or source install in a container)."""
     dist = _distribution(name)
     if dist is None:
         return None
-    return {"version": dist.version, "commit": vcs_commit(dist)}
+    commit = vcs_commit(dist)
+    if commit is None and module is not None:
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.origin:
+            commit, _ = _git_commit(Path(spec.origin).resolve().parent, tracked="__init__.py")
+    return {"version": dist.version, "commit": commit}
 
 
 @lru_cache(maxsize=1)
@@ -297,7 +326,7 @@ def _collect() -> dict[str, Any]:
     return {
         "torch": None if torch is None else torch.version,
         "megatron_core": megatron_core,
-        "megatron_bridge": _package("megatron-bridge"),
+        "megatron_bridge": _package("megatron-bridge", "megatron.bridge"),
         "transformer_engine": None if te is None else te.version,
         "cuda": _torch_cuda_version(),
         "driver": _driver_version(),

@@ -162,6 +162,33 @@ def pin_differences(key: str, pinned: Any, actual: Any) -> list[str]:
     return [f"{key}.{sub} {pinned[sub]} != {actual.get(sub)}" for sub in differing]
 
 
+def identity_differences(golden: Golden, record: Record) -> list[str]:
+    """Every pin, hardware or recipe field where ``record`` differs from ``golden``.
+
+    A pin the golden leaves null was not recorded by its source (e.g. the skill card gives commits, no
+    fingerprint); it is not compared. Every pin the golden states must match exactly, except that a
+    package pinned by commit and by version + fingerprint matches by either (``pin_differences``).
+    """
+    differences = []
+    # A GPU run may be judged against a transcribed reference golden of its exact pins; a CPU probe only
+    # against CPU-probe goldens.
+    if (record.kind == "cpu-probe") != (golden.kind == "cpu-probe"):
+        differences.append(f"kind {golden.kind} != {record.kind}")
+    if record.workload.recipe != golden.recipe:
+        differences.append(f"recipe {golden.recipe} != {record.workload.recipe}")
+    for key, value in record.hardware.profile().items():
+        if value != golden.hardware[key]:
+            differences.append(f"hardware.{key} {golden.hardware[key]} != {value}")
+    as_run = workload_identity(record) or {}
+    for key, value in (golden.workload or {}).items():
+        if as_run.get(key) != value:
+            differences.append(f"workload.{key} {value} != {as_run.get(key)}")
+    pins = record.pins()
+    for key, pinned in golden.pins.items():
+        differences += pin_differences(key, pinned, pins[key])
+    return differences
+
+
 def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
     """The part of a golden's file name every revision of one recipe × hardware shares."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)

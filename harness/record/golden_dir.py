@@ -18,9 +18,12 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from harness.errors import UsageError
-from harness.record.golden import Golden, golden_filename_for, load_golden, recipe_slug
+from harness.record.golden import (
+    Golden, golden_filename_for, identity_differences, load_golden, pin_differences, recipe_slug,
+)
 from harness.record.model import Record
 
 ENV_VAR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
@@ -85,15 +88,57 @@ def golden_path_for(records: Sequence[Record], root: Path) -> Path:
     return directory_for(first.kind, root) / golden_filename_for(first)
 
 
+def goldens_of(recipe: str, hardware: dict[str, Any], directory: Path) -> list[tuple[Path, Golden]]:
+    """Every golden of one recipe × hardware in ``directory`` (any revision pins)."""
+    return _goldens_named(recipe_slug(recipe, hardware), Path(directory))
+
+
+def _goldens_named(prefix: str, directory: Path) -> list[tuple[Path, Golden]]:
+    found = []
+    for path in sorted(directory.glob(f"{prefix}__*.json")):
+        golden = load_golden(path)
+        if recipe_slug(golden.recipe, golden.hardware) == prefix:  # not a recipe whose name extends this one
+            found.append((path, golden))
+    return found
+
+
+def pinned_to(golden: Golden, pins: dict[str, Any]) -> bool:
+    """Whether every pin ``golden`` states matches ``pins`` (a commit, or a version + fingerprint)."""
+    return not [difference for key, pinned in golden.pins.items()
+                for difference in pin_differences(key, pinned, pins.get(key))]
+
+
 def resolve_golden(records: Sequence[Record], golden: Path) -> Path:
     """``golden`` when it is a file; for a directory (a golden root or a kind's own directory), the
-    golden named by the records' pins in it."""
+    golden that judges the records there: the one their pins name, else the one golden of their
+    recipe × hardware whose pins they match another way. A golden pinned by commit and by version +
+    fingerprint serves the same recompute sources installed without a commit (a wheel) and as a git
+    submodule (a commit), though only one of the two spellings names its file. A path that does not
+    exist (no golden for these records) is returned as the file their pins name."""
     golden = Path(golden)
     if not golden.is_dir():
         return golden
-    name = golden_filename_for(records[0])
-    nested = directory_for(records[0].kind, golden) / name
-    return nested if nested.is_file() or not (golden / name).is_file() else golden / name
+    first = records[0]
+    name = golden_filename_for(first)
+    nested = directory_for(first.kind, golden) / name
+    for candidate in (nested, golden / name):
+        if candidate.is_file():
+            return candidate
+    directory = nested.parent if nested.parent.is_dir() else golden
+    matching = [path for path, found in goldens_of(first.workload.recipe, first.hardware.profile(), directory)
+                if not identity_differences(found, first)]
+    if len(matching) > 1:
+        raise UsageError(f"{len(matching)} goldens in {directory} match these records' pins "
+                         f"({', '.join(path.name for path in matching)}); name one with --golden")
+    return matching[0] if matching else nested
+
+
+def near_misses(records: Sequence[Record], missing: Path) -> str:
+    """Why no golden in ``missing``'s directory judges ``records``: each golden of their recipe ×
+    hardware there, with the pins that differ (empty when there is none)."""
+    first = records[0]
+    found = goldens_of(first.workload.recipe, first.hardware.profile(), missing.parent) if missing.parent.is_dir() else []
+    return "; ".join(f"{path.name} differs in {', '.join(identity_differences(golden, first))}" for path, golden in found)
 
 
 def newest_like(target: Path) -> tuple[Path, Golden] | None:
@@ -101,16 +146,10 @@ def newest_like(target: Path) -> tuple[Path, Golden] | None:
     written golden of the same recipe × hardware (any revision pins) beside it."""
     if target.is_file():
         return target, load_golden(target)
-    prefix = "__".join(target.name.split("__")[:2])
-    candidates = []
-    for path in sorted(target.parent.glob(f"{prefix}__*.json")):
-        golden = load_golden(path)
-        if recipe_slug(golden.recipe, golden.hardware) == prefix:
-            candidates.append((golden.date, path.name, path, golden))
+    candidates = _goldens_named("__".join(target.name.split("__")[:2]), target.parent)
     if not candidates:
         return None
-    _, _, path, golden = max(candidates, key=lambda item: (item[0], item[1]))
-    return path, golden
+    return max(candidates, key=lambda found: (found[1].date, found[0].name))
 
 
 if __name__ == "__main__":
@@ -118,4 +157,4 @@ if __name__ == "__main__":
     # (ci/nightly-gpu.sh); the root follows $RECOMPUTE_HARNESS_GOLDEN_DIR like every command.
     from harness.record.io import load_records
 
-    print(golden_path_for(load_records([sys.argv[1]]), golden_root()))
+    print(resolve_golden(load_records([sys.argv[1]]), golden_root()))

@@ -1,8 +1,13 @@
 """Transcribe the skill card's ``measured_results`` into reference records and goldens.
 
-    python -m harness.record.seed [--card harness/data/reference/card.yaml]
+    python -m harness.record.seed [--card harness/data/reference/card.yaml] [--mcore-tree MEGATRON_LM_CHECKOUT]
 
 Every number comes from the card; this module only maps the card's field names onto the run record.
+The card pins Megatron Core by commit only. ``--mcore-tree`` (a clean git work tree at a card commit)
+derives that commit's version and recompute-source fingerprint with ``harness.config.revisions`` and
+keeps them in ``mcore-sources.json`` beside the records, so later runs reproduce the pins without the
+tree; a golden pinned by commit and version + fingerprint is then judged wherever the same recompute
+sources are installed (a wheel carries no commit; Bridge's submodule does).
 Derived figures the card also states (``*_vs_control_pct``) are not copied: the analysis recomputes
 them, and the tests check it agrees with the card. Output is deterministic (the record date is the
 card's ``validated_on``), so re-running the script on an unchanged card reproduces the committed files.
@@ -12,17 +17,20 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from harness.config.fields import RecomputeFields
-from harness.errors import UsageError
+from harness.config.revisions import tree_identity
+from harness.errors import EXIT_USAGE, UsageError
 from harness.files import write_json_atomic
 from harness.record.build import new_record, outcome, parallelism, workload
 from harness.record.golden import golden_from_records, write_golden
 from harness.record.golden_dir import golden_path_for, golden_root, writable
+from harness.record.io import read_json
 from harness.record.model import Hardware, Headline, Outcome, Record, RunMetrics, SteadyWindow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +47,8 @@ STUDY_RECIPES = {
 # Every study on the card ran through Megatron Bridge recipes (the card is Bridge's skill card).
 BACKEND = "bridge"
 GB = 1e9  # the card's GB are decimal
+SOURCES_FILE = "mcore-sources.json"  # {commit: {version, fingerprint}} derived from source trees
+SOURCES_SCHEMA = "recompute-harness/mcore-sources"
 
 _PARALLEL_RE = re.compile(r"(TP|PP|CP|EP|DP|VPP)(\d+)")
 _WINDOW_RE = re.compile(r"iterations (\d+)-(\d+)")
@@ -107,17 +117,52 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetr
     )
 
 
-def _revisions(study: dict[str, Any]) -> dict[str, Any]:
+def load_sources(records_dir: Path) -> dict[str, dict[str, str]]:
+    """``{commit: {version, fingerprint}}`` derived so far (empty when none was)."""
+    path = records_dir / SOURCES_FILE
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("schema") != SOURCES_SCHEMA or not isinstance(data.get("sources"), dict):
+        raise UsageError(f"{path}: not a {SOURCES_SCHEMA} file; re-derive it with --mcore-tree")
+    return data["sources"]
+
+
+def derive_sources(card_path: Path, records_dir: Path, trees: list[Path]) -> dict[str, dict[str, str]]:
+    """Add the identity of each tree (which must be at a commit the card pins) to ``mcore-sources.json``."""
+    sources = load_sources(records_dir)
+    if not trees:
+        return sources
+    pinned = {(study.get("revisions") or {}).get("megatron_core") for study in _card(card_path)["measured_results"]}
+    for tree in trees:
+        identity = tree_identity(tree)
+        if identity["commit"] not in pinned:
+            raise UsageError(f"{tree} is at commit {identity['commit']}, which no card study pins "
+                             f"(pinned: {', '.join(sorted(c for c in pinned if c))})")
+        sources[identity["commit"]] = {"version": identity["version"], "fingerprint": identity["fingerprint"]}
+    write_json_atomic(records_dir / SOURCES_FILE, {
+        "schema": SOURCES_SCHEMA, "schema_version": 1,
+        "derived_by": "python -m harness.record.seed --mcore-tree CHECKOUT (harness.config.revisions.tree_identity)",
+        "sources": dict(sorted(sources.items())),
+    })
+    return sources
+
+
+def _revisions(study: dict[str, Any], sources: dict[str, dict[str, str]]) -> dict[str, Any]:
     pins = study.get("revisions") or {}
+    derived = sources.get(pins.get("megatron_core"), {})
     return {
         "torch": None,
-        "megatron_core": {"version": None, "commit": pins.get("megatron_core"), "fingerprint": None},
+        "megatron_core": {"version": derived.get("version"), "commit": pins.get("megatron_core"),
+                          "fingerprint": derived.get("fingerprint")},
         "megatron_bridge": {"version": None, "commit": pins["bridge"]} if pins.get("bridge") else None,
         "transformer_engine": None, "cuda": None, "driver": None, "python": None,
     }
 
 
-def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -> list[Record]:
+def transcribe_study(
+    study: dict[str, Any], card_path: str, validated_on: str, sources: dict[str, dict[str, str]] | None = None,
+) -> list[Record]:
     """One reference record per experiment row of a ``measured_results`` study."""
     recipe = STUDY_RECIPES.get(study["model"])
     if recipe is None:
@@ -131,7 +176,7 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
             "reference",
             record_id=f"reference/{recipe}/{row['name']}",
             created=validated_on,
-            revisions=_revisions(study),
+            revisions=_revisions(study, sources or {}),
             hardware=Hardware(study["gpu"], study["gpus"], sm=None, host=None),
             workload=workload(
                 recipe=recipe, model=study["model"], backend=BACKEND, seq_length=study["seq_length"],
@@ -150,24 +195,31 @@ def transcribe_study(study: dict[str, Any], card_path: str, validated_on: str) -
     return records
 
 
-def transcribe(card_path: Path) -> dict[str, list[Record]]:
-    """``{recipe: [reference records]}`` for every study in the card's ``measured_results``."""
+def _card(card_path: Path) -> dict[str, Any]:
     try:
-        card = yaml.safe_load(Path(card_path).read_text(encoding="utf-8"))
+        return yaml.safe_load(Path(card_path).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise UsageError(f"{card_path}: cannot read the skill card: {exc}") from None
+
+
+def transcribe(card_path: Path, sources: dict[str, dict[str, str]] | None = None) -> dict[str, list[Record]]:
+    """``{recipe: [reference records]}`` for every study in the card's ``measured_results``."""
+    card = _card(card_path)
     shown = card_path.relative_to(REPO) if card_path.is_relative_to(REPO) else card_path
     validated_on = str(card["validated_on"])
     return {
-        STUDY_RECIPES[study["model"]]: transcribe_study(study, str(shown), validated_on)
+        STUDY_RECIPES[study["model"]]: transcribe_study(study, str(shown), validated_on, sources)
         for study in card["measured_results"]
     }
 
 
-def write_seed(card_path: Path, records_dir: Path, golden_dir: Path | None = None) -> list[Path]:
+def write_seed(
+    card_path: Path, records_dir: Path, golden_dir: Path | None = None, mcore_trees: list[Path] | None = None,
+) -> list[Path]:
     """Write one reference-record file per study, and a golden per study that names its revisions."""
     written = []
-    for recipe, records in transcribe(card_path).items():
+    sources = derive_sources(card_path, records_dir, list(mcore_trees or []))
+    for recipe, records in transcribe(card_path, sources).items():
         path = records_dir / f"seed-{recipe}.json"
         write_json_atomic(path, [record.to_json() for record in records])
         written.append(path)
@@ -193,8 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card", type=Path, default=DEFAULT_CARD)
     parser.add_argument("--records-dir", type=Path, default=RECORDS_DIR)
     parser.add_argument("--golden-dir", type=Path, help="golden root (default: as every command)")
+    parser.add_argument("--mcore-tree", type=Path, action="append", default=[], metavar="CHECKOUT",
+                        help="a clean Megatron-LM git work tree at a commit the card pins: derive its version "
+                             "and source fingerprint for the pins (repeatable)")
     args = parser.parse_args(argv)
-    for path in write_seed(args.card.resolve(), args.records_dir, args.golden_dir):
+    try:
+        written = write_seed(args.card.resolve(), args.records_dir, args.golden_dir, args.mcore_tree)
+    except UsageError as exc:
+        print(f"harness.record.seed: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in written:
         print(path)
     return 0
 

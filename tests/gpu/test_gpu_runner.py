@@ -78,22 +78,19 @@ def test_bridge_short_recipes(tmp_path, recipe_name, needs):
 def test_moonlight_seed_study_matches_its_golden(tmp_path):
     require(gpus=8, sm="9.0", te=True, bridge=True)
     from harness.compare.comparator import compare_records
-    from harness.record.golden import load_golden
-    from harness.record.golden_dir import golden_root
-
     from harness.config.revisions import collect_revisions
+    from harness.record.golden_dir import golden_root, goldens_of, pinned_to
+    from harness.record.model import Revisions
 
-    # Several pins can hold a golden for this recipe (a refresh adds one per bump): pick the one
-    # pinned to the installed Megatron Core and Bridge commits; the seed values hold for that pin only.
-    installed = collect_revisions()
-    want = (installed["megatron_core"]["commit"], (installed["megatron_bridge"] or {}).get("commit"))
-    candidates = {path: load_golden(path) for path in golden_root().glob("moonlight-full-8gpu__H100_80GBx8__*.json")}
-    matching = [(path, golden) for path, golden in candidates.items()
-                if (golden.pins["megatron_core"]["commit"], (golden.pins["megatron_bridge"] or {}).get("commit"))
-                == want]
+    # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold
+    # only where the installed stack matches a golden's pins (the commit, or version + source fingerprint).
+    installed = Revisions.from_json(collect_revisions()).pins()
+    candidates = goldens_of("moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root())
+    matching = [(path, golden) for path, golden in candidates if pinned_to(golden, installed)]
     if not matching:
-        pinned = sorted(golden.pins["megatron_core"]["commit"] or "-" for golden in candidates.values())
-        pytest.skip(f"no moonlight-full-8gpu golden pinned to the installed commits {want}; pinned: {pinned}")
+        pinned = sorted(str(golden.pins["megatron_core"]) for _, golden in candidates)
+        pytest.skip(f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
+                    f"bridge {installed['megatron_bridge']}; pinned: {pinned}")
     (golden_path, golden), = matching
     _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _out(tmp_path))
     comparison = compare_records(golden, [r.record for r in results], str(golden_path))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -25,6 +24,7 @@ from harness.config.revisions import (
     vcs_commit,
 )
 from harness.record.golden_dir import golden_root, labels_dir
+from mcore_checkout import copy_sources, git_head, mcore_checkout
 
 
 def test_revisions_block_has_the_record_shape():
@@ -50,12 +50,6 @@ def _installed(name: str) -> bool:
     return True
 
 
-def _copy_sources(root, target):
-    for relative in fingerprint_sources(root):
-        (target / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(root / relative, target / relative)
-
-
 def test_fingerprint_follows_every_derived_source(tmp_path):
     root = megatron_core_root()
     sources = fingerprint_sources(root)
@@ -64,7 +58,7 @@ def test_fingerprint_follows_every_derived_source(tmp_path):
     assert set(REQUIRED_SOURCES) <= set(sources)
     assert any(path.startswith("transformer/moe/") for path in sources)
     copy = tmp_path / "core"
-    _copy_sources(root, copy)
+    copy_sources(root, copy)
     assert source_fingerprint(copy) == source_fingerprint()
     config = copy / "transformer" / "transformer_config.py"
     config.write_text(config.read_text().replace('"mlp",', '"mlp", "harness_new_label",', 1))
@@ -73,7 +67,7 @@ def test_fingerprint_follows_every_derived_source(tmp_path):
 
 def test_a_new_module_reading_recompute_modules_joins_the_fingerprint(tmp_path):
     copy = tmp_path / "core"
-    _copy_sources(megatron_core_root(), copy)
+    copy_sources(megatron_core_root(), copy)
     before = source_fingerprint(copy)
     module = copy / "transformer" / "harness_new_block.py"
     module.write_text("def forward(config):\n    return 'harness_new_label' in config.recompute_modules\n")
@@ -85,7 +79,7 @@ def test_a_new_module_reading_recompute_modules_joins_the_fingerprint(tmp_path):
 
 def test_a_missing_required_source_is_an_error_not_a_skip(tmp_path):
     copy = tmp_path / "core"
-    _copy_sources(megatron_core_root(), copy)
+    copy_sources(megatron_core_root(), copy)
     (copy / "tensor_parallel" / "random.py").unlink()
     with pytest.raises(IdentityError, match="missing tensor_parallel/random.py"):
         source_fingerprint(copy)
@@ -121,21 +115,6 @@ def test_revisions_command_prints_the_block_as_json(capsys):
     assert "fingerprint=" in capsys.readouterr().out
 
 
-def _checkout(tmp_path: Path) -> Path:
-    """A git work tree holding the installed Megatron Core's sources, as a source checkout would."""
-    root = megatron_core_root()
-    repo = tmp_path / "Megatron-LM"
-    core = repo / "megatron" / "core"
-    _copy_sources(root, core)
-    for name in ("__init__.py", "package_info.py"):
-        shutil.copy(root / name, core / name)
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t"}
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "checkout"]):
-        subprocess.run(["git", "-C", str(repo), *args], check=True, env=env, capture_output=True)
-    return repo
-
-
 def _harness(repo: Path, *argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "harness.cli", *argv], env=env, capture_output=True, text=True,
@@ -143,9 +122,8 @@ def _harness(repo: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path):
-    repo = _checkout(tmp_path)
-    commit = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    repo = mcore_checkout(tmp_path)
+    commit = git_head(repo)
     mcore = json.loads(_harness(repo, "revisions", "--json").stdout)["megatron_core"]
     assert mcore["commit"] == commit  # from the work tree that holds the imported code
     assert mcore["package"] == {"version": metadata.version("megatron-core"), "commit": None}  # both are kept
@@ -158,7 +136,7 @@ def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path)
 
 
 def test_an_unidentifiable_megatron_core_is_refused_before_anything_is_written(tmp_path):
-    repo = _checkout(tmp_path)
+    repo = mcore_checkout(tmp_path)
     (repo / "megatron" / "core" / "package_info.py").unlink()  # no version in the tree, none in metadata for it
     manifests = labels_dir(golden_root())
     before = sorted(p.name for p in manifests.iterdir())

@@ -6,7 +6,7 @@ import pytest
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.record.golden_dir import CHECKOUT_ROOT, ENV_VAR, golden_path_for, golden_root, newest_like
+from harness.record.golden_dir import CHECKOUT_ROOT, ENV_VAR, golden_path_for, golden_root, newest_like, resolve_golden
 from harness.record.io import write_record
 from record_samples import REVISIONS, run_record, write_records
 
@@ -50,6 +50,27 @@ def test_newest_like_prefers_the_same_file_then_the_newest_other_revision(tmp_pa
     other = root / first.name.replace("mcore-", "mcore-other-", 1)
     assert newest_like(other)[0] == first
 
+
+
+def test_a_golden_pinned_by_commit_and_fingerprint_judges_a_wheel_and_a_submodule_of_those_sources(tmp_path, capsys):
+    # The golden is named by the commit (a submodule checkout at that commit wrote it); a wheel of the
+    # same sources carries no commit, so its records name another file, and are still judged by this one.
+    submodule = {**REVISIONS, "megatron_core": {"version": "0.19.2", "commit": "c" * 40, "fingerprint": "feedfacecafebeef"}}
+    root = tmp_path / "goldens"
+    records = [run_record(revisions=submodule), run_record("moe_act", peak=29_000_000_000, revisions=submodule)]
+    assert main(["golden", "refresh", "--golden-dir", str(root), *write_records(tmp_path, *records)]) == 0
+    (written,) = root.glob("*.json")
+    assert "mcore-cccccccccccc" in written.name
+    wheel = [run_record(), run_record("moe_act", peak=29_000_000_000)]  # version + fingerprint, no commit
+    assert golden_path_for(wheel, root) != written and resolve_golden(wheel, root) == written
+    assert main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "wheel", *wheel)]) == 0
+    other_sources = {**REVISIONS, "megatron_core": {**REVISIONS["megatron_core"], "fingerprint": "0123456789abcdef"}}
+    edited = [run_record(revisions=other_sources), run_record("moe_act", peak=29_000_000_000, revisions=other_sources)]
+    assert resolve_golden(edited, root) == golden_path_for(edited, root) and not golden_path_for(edited, root).exists()
+    capsys.readouterr()
+    assert main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "edited", *edited)]) == 2
+    refused = capsys.readouterr().err
+    assert "no golden" in refused and "megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef" in refused
 
 
 def test_a_golden_dir_that_does_not_exist_is_one_line_exit_2(tmp_path, capsys):

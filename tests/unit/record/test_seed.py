@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -10,8 +14,13 @@ from harness.compare.analysis import analyse
 from harness.compare.selection import select
 from harness.errors import UsageError
 from harness.record.io import load_records
+from harness.config.revisions import collect_revisions
+from harness.record.golden import load_golden
 from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
-from harness.record.seed import DEFAULT_CARD, PROVENANCE_SOURCE, RECORDS_DIR, write_seed
+from harness.record.golden_dir import near_misses, resolve_golden
+from harness.record.seed import DEFAULT_CARD, PROVENANCE_SOURCE, RECORDS_DIR, SOURCES_FILE, load_sources, write_seed
+from harness.record.seed import main as seed_main
+from mcore_checkout import git_head, mcore_checkout
 
 CARD = yaml.safe_load(DEFAULT_CARD.read_text())
 STUDIES = {study["model"]: study for study in CARD["measured_results"]}
@@ -21,11 +30,73 @@ LLAMA = RECORDS_DIR / "seed-llama3-70b-sft-pr3107.json"
 
 
 def test_committed_seed_files_are_exactly_what_the_transcription_writes(tmp_path):
+    (tmp_path / "records").mkdir()
+    shutil.copy(RECORDS_DIR / SOURCES_FILE, tmp_path / "records")  # derived once from the card's commit
     written = write_seed(DEFAULT_CARD, tmp_path / "records", tmp_path / "golden")
     for path in written:
         committed = (RECORDS_DIR if path.parent.name == "records" else GOLDEN_DIR) / path.name
         assert committed.read_text() == path.read_text(), f"{committed} is stale: run python -m harness.record.seed"
     assert len(written) == 5  # three record sets, two goldens (the Llama rows carry no revision pins)
+
+
+def test_seed_goldens_carry_the_derived_sources_of_their_commit_and_judge_a_wheel_of_them():
+    sources = load_sources(RECORDS_DIR)
+    goldens = [load_golden(path) for path in GOLDEN_DIR.glob("*__mcore-24bad8e677d2__*.json")]
+    assert len(goldens) == 2
+    for golden in goldens:
+        mcore = golden.pins["megatron_core"]
+        assert {key: mcore[key] for key in ("version", "fingerprint")} == sources[mcore["commit"]]
+    # The same sources installed without a commit (a wheel, a copied tree): judged by the seed golden.
+    wheel = [replace(record, revisions=replace(record.revisions, megatron_core=replace(
+        record.revisions.megatron_core, commit=None))) for record in load_records([MOONLIGHT])]
+    assert resolve_golden(wheel, GOLDEN_DIR).name.startswith("moonlight-full-8gpu__H100_80GBx8__mcore-24bad8e677d2")
+    # The installed 0.19.2 is other sources (8 of its 21 recompute files differ): no golden judges it.
+    installed = collect_revisions()["megatron_core"]
+    other = [replace(record, revisions=replace(record.revisions, megatron_core=replace(
+        record.revisions.megatron_core, commit=None, version=installed["version"],
+        fingerprint=installed["fingerprint"]))) for record in load_records([MOONLIGHT])]
+    assert not resolve_golden(other, GOLDEN_DIR).exists()
+    assert f"fingerprint {sources[goldens[0].pins['megatron_core']['commit']]['fingerprint']} != " \
+        f"{installed['fingerprint']}" in near_misses(other, resolve_golden(other, GOLDEN_DIR))
+
+
+def _card_pinned_to(tmp_path, commit: str) -> Path:
+    card = yaml.safe_load(DEFAULT_CARD.read_text())
+    for study in card["measured_results"]:
+        if (study.get("revisions") or {}).get("megatron_core"):
+            study["revisions"]["megatron_core"] = commit
+    path = tmp_path / "card.yaml"
+    path.write_text(yaml.safe_dump(card))
+    return path
+
+
+def test_derived_sources_come_from_a_clean_checkout_at_the_pinned_commit(tmp_path, capsys):
+    repo = mcore_checkout(tmp_path)  # a real git work tree of the installed Megatron Core's sources
+    commit = git_head(repo)
+    records_dir, golden_dir = tmp_path / "records", tmp_path / "golden"
+    records_dir.mkdir()
+    # The real card pins 24bad8e6, not this tree: refused in one line, nothing written.
+    assert seed_main(["--records-dir", str(records_dir), "--golden-dir", str(golden_dir), "--mcore-tree", str(repo)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"at commit {commit}, which no card study pins" in err
+    assert not any(records_dir.iterdir()) and not golden_dir.exists()
+    card = _card_pinned_to(tmp_path, commit)
+    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--golden-dir", str(golden_dir),
+                      "--mcore-tree", str(repo)]) == 0
+    installed = collect_revisions()["megatron_core"]
+    assert load_sources(records_dir) == {commit: {"version": installed["version"], "fingerprint": installed["fingerprint"]}}
+    (golden_path,) = golden_dir.glob("moonlight-*.json")
+    assert load_golden(golden_path).pins["megatron_core"] == {"version": installed["version"], "commit": commit,
+                                                             "fingerprint": installed["fingerprint"]}
+    # Without the tree, the derivation on disk reproduces the pins; an edited tree is refused.
+    before = golden_path.read_text()
+    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--golden-dir", str(golden_dir)]) == 0
+    assert golden_path.read_text() == before
+    config = repo / "megatron" / "core" / "transformer" / "transformer_config.py"
+    config.write_text(config.read_text() + "\n# local edit\n")
+    capsys.readouterr()
+    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--mcore-tree", str(repo)]) == 2
+    assert "has local changes" in capsys.readouterr().err
 
 
 def test_rows_pins_and_provenance():
