@@ -14,6 +14,7 @@ import sys
 from types import ModuleType
 
 from harness import __version__
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core
 from harness.errors import EXIT_USAGE, UsageError
 from harness.noise import silence_known_noise
 
@@ -115,6 +116,7 @@ def _check_step_summary() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    defer_compile_before_megatron_core()  # CPU adapter part 4; imports nothing now
     silence_known_noise()
     for stream in (sys.stdout, sys.stderr):  # a path the terminal cannot encode is shown escaped, not fatal
         if hasattr(stream, "reconfigure"):

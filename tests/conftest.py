@@ -1,4 +1,4 @@
-"""Shared test set-up: Hypothesis profiles. Markers and the ``recompute_golden`` fixture come from the
+"""Shared test set-up: Hypothesis profiles, the CPU adapter's deferred ``torch.compile``. Markers and the ``recompute_golden`` fixture come from the
 harness's own pytest plugin (harness/pytest_plugin.py), as in any repo that uses it."""
 
 from __future__ import annotations
@@ -6,6 +6,11 @@ from __future__ import annotations
 import os
 
 from hypothesis import HealthCheck, settings
+
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core
+
+# The test processes import Megatron Core as the CLI and the workers do: with the CPU adapter's part 4.
+defer_compile_before_megatron_core()
 
 # HYPOTHESIS_PROFILE=ci (default: derandomized, no deadline) | dev | nightly (>=100k examples/property)
 settings.register_profile(
@@ -25,10 +30,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_collection_modifyitems(config, items):
-    """The GPU check script's CPU rehearsal (``rehearsal``, ~80 s of CPU) is .ci/run's own second step:
+    """Slow tests first. The GPU check script's CPU rehearsal (``rehearsal``, ~80 s of CPU) is .ci/run's own second step:
     it runs only when asked for by name (``-m rehearsal``), so the CPU tier keeps its time budget."""
     import pytest
 
+    # Longest first (slow: they launch torchrun / subprocesses): --dist loadscope hands modules out in
+    # this order, so the 2 workers end together instead of one finishing a long sweep alone. A stable
+    # sort: a module keeps its own order.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if "rehearsal" in (config.getoption("markexpr") or ""):
         return
     skip = pytest.mark.skip(reason="the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)")

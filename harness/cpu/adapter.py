@@ -23,6 +23,10 @@ object, on a revision whose sources match none of them):
    checkpoints also build MCore's ``share_storage`` C++ extension on first use: g++ is needed once,
    then torch caches it.)
 
+4. ``torch.compile`` decorations made while Megatron Core imports are deferred to the first call
+   (``harness.cpu.deferred_compile``, installed before MCore imports by the harness's entry points):
+   the same compilation, without importing TorchDynamo and Inductor into every CPU rank.
+
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
 ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
@@ -46,6 +50,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
 from harness.config.revisions import collect_revisions
+from harness.cpu.deferred_compile import upstream_compile
 from harness.errors import UsageError
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -59,6 +64,7 @@ PATCHED_SURFACE: dict[str, dict[str, str]] = {
     "torch.cuda.current_device": {"6e9804168a5c7f8c": _TORCH},
     "torch.cuda.get_rng_state": {"1190f97901d79384": _TORCH},
     "torch.cuda.manual_seed": {"a71497712eba81c9": _TORCH},
+    "torch.compile": {"8a81c21214c35713": _TORCH},  # part 4, harness.cpu.deferred_compile
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": {"aa26caaa069c5c4f": _MCORE_019},
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": {"b179c9d95438b61c": _MCORE_019},
 }
@@ -80,6 +86,7 @@ _ORIGINALS: dict[str, Any] = {
     "torch.cuda.current_device": torch.cuda.current_device,
     "torch.cuda.get_rng_state": torch.cuda.get_rng_state,
     "torch.cuda.manual_seed": torch.cuda.manual_seed,
+    "torch.compile": upstream_compile(),
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": mcore_random._get_cuda_rng_state,
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": mcore_random._set_cuda_rng_state,
     "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": mcore_random.CudaRNGStatesTracker.add,

@@ -9,11 +9,14 @@ import json
 import sys
 
 from harness.config.fields import RecomputeFields
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core
 from harness.probe.isolate import READY, RESULT
 from harness.probe.plan import ProbeRow
 
 
+
 def main(argv: list[str]) -> int:
+    defer_compile_before_megatron_core()  # CPU adapter part 4
     parser = argparse.ArgumentParser(prog="harness.probe.isolated_child")
     parser.add_argument("--model", required=True)
     parser.add_argument("--fields", required=True)

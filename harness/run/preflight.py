@@ -59,6 +59,8 @@ def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOU
 
 
 def main(argv: list[str]) -> None:
+    import megatron.bridge  # noqa: F401  (without Bridge: fail in a second, before torch and MCore load)
+
     from harness.run.backend_bridge import rejections
 
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))

@@ -89,3 +89,22 @@ def test_output_discard_checkpoint_runs_and_matches_plain_autograd(cpu_group):
     assert activated.untyped_storage().nbytes() == 0  # discarded until backward recomputes it
     out.backward()
     assert torch.equal(x.grad, expected_x) and torch.equal(weight.grad, expected_w)
+
+
+def test_deferred_compile_compiles_on_first_call_exactly_as_upstream():
+    # Part 4: the suite's processes import MCore with torch.compile deferred (tests/conftest.py), so
+    # MCore's jit_fuser helpers hold deferred wrappers; the compiler itself is imported at a first call.
+    from megatron.core import jit
+    from megatron.core.fusions import fused_bias_geglu
+
+    from harness.cpu.deferred_compile import _deferred_compile, upstream_compile
+
+    assert jit.jit_fuser is _deferred_compile and torch.compile is _deferred_compile
+    assert fused_bias_geglu.geglu.__wrapped__.__name__ == "geglu"  # a deferred wrapper, same name
+    calls = []
+    compiled = _deferred_compile(lambda x: x * 2, backend=lambda gm, inputs: calls.append(gm) or gm.forward)
+    assert calls == []  # decorating compiled nothing
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1  # compiled once
+    assert upstream_compile() is adapter._ORIGINALS["torch.compile"] and upstream_compile() is not torch.compile
+

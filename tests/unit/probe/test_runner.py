@@ -13,6 +13,9 @@ from harness.probe.runner import probe_models
 from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
 from harness.record.golden import golden_filename
 
+# Every test here reads one probe of every style model (~13 s, a module fixture).
+pytestmark = pytest.mark.slow
+
 # Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
 CHECKPOINT_LABELS = ("core_attn", "mlp", "moe", "shared_experts", "mla_up_proj", "full-uniform-1", "full-block-1")
 

@@ -1,0 +1,96 @@
+"""Part 4 of the CPU adapter: ``torch.compile`` decorations are deferred to the decorated function's first call.
+
+Megatron Core decorates small fused helpers with ``jit_fuser``, which is ``torch.compile``, while its
+modules import (``megatron.core`` itself imports ``fusions.fused_bias_geglu``). Decorating already
+imports TorchDynamo and Inductor: about 3 s of CPU per process, in every rank of every CPU launch,
+although ``torch.compile`` compiles nothing until a call. Deferred, a decoration returns a wrapper
+that calls the real ``torch.compile`` with the same arguments on the first call and the compiled
+function from then on: a helper that runs is compiled exactly as before; one that never runs on CPU
+never pays for importing the compiler.
+
+The decorations are made while ``megatron.core`` imports, so the deferral must be in place before
+that: ``defer_compile_before_megatron_core()`` puts a finder first on ``sys.meta_path`` that installs
+it when ``megatron.core`` is first looked up, and then steps aside. Installing the finder imports
+nothing (``recompute-harness revisions`` stays torch-free). The harness's entry points call it: the
+CLI, the torchrun worker, the probe and estimate children, and this repo's pytest processes. Only on a
+machine without an NVIDIA driver: the GPU tier runs torch unmodified. ``torch.compile``'s source is
+pinned like the adapter's other objects (``harness.cpu.adapter.PATCHED_SURFACE``), so a torch whose
+``compile`` changed is refused by name.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+_NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
+_upstream_compile: Callable[..., Any] | None = None  # torch.compile as torch defines it, once deferred
+
+
+def _deferred_compile(model: Any = None, **options: Any) -> Any:
+    """``torch.compile`` with the compiler imported (and the function compiled) at the first call."""
+    import torch
+
+    if model is None:  # @torch.compile(...) with arguments: the decorator itself
+        return lambda function: _deferred_compile(function, **options)
+    if not callable(model) or isinstance(model, torch.nn.Module):
+        return _upstream_compile(model, **options)  # a module (or bad input): upstream decides now
+    compiled: Callable[..., Any] | None = None
+
+    @functools.wraps(model)
+    def first_call_compiles(*args: Any, **kwargs: Any) -> Any:
+        nonlocal compiled
+        if compiled is None:
+            if _compile_disabled():  # what upstream's compiled function does under the flag: run eagerly
+                return model(*args, **kwargs)
+            compiled = _upstream_compile(model, **options)
+        return compiled(*args, **kwargs)
+
+    return first_call_compiles
+
+
+def _compile_disabled() -> bool:
+    """``TORCH_COMPILE_DISABLE`` as TorchDynamo reads it (``torch._dynamo.config.disable``)."""
+    return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
+
+
+def upstream_compile() -> Callable[..., Any]:
+    """``torch.compile`` as torch defines it (deferred or not)."""
+    import torch
+
+    return _upstream_compile or torch.compile
+
+
+def defer_compile() -> bool:
+    """Replace ``torch.compile`` by its deferred form (idempotent); False on a machine with an NVIDIA driver."""
+    global _upstream_compile
+    if _NVIDIA_DRIVER.exists():
+        return False
+    import torch
+
+    if _upstream_compile is None:
+        _upstream_compile = torch.compile
+        torch.compile = _deferred_compile  # type: ignore[assignment]
+    return True
+
+
+class _BeforeMegatronCore(importlib.abc.MetaPathFinder):
+    """Defers ``torch.compile`` the moment ``megatron.core`` is first looked up; finds nothing itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
+        if name == "megatron.core":
+            sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _BeforeMegatronCore)]
+            defer_compile()
+        return None
+
+
+def defer_compile_before_megatron_core() -> None:
+    """Arrange for ``defer_compile()`` before ``megatron.core`` imports (a no-op once it has, or with a GPU)."""
+    if "megatron.core" in sys.modules or _NVIDIA_DRIVER.exists():
+        return
+    if not any(isinstance(finder, _BeforeMegatronCore) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _BeforeMegatronCore())
