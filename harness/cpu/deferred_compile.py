@@ -9,9 +9,10 @@ function from then on: a helper that runs is compiled exactly as before; one tha
 never pays for importing the compiler.
 
 The decorations are made while ``megatron.core`` imports, so the deferral must be in place before
-that: ``defer_compile_before_megatron_core()`` puts a finder first on ``sys.meta_path`` that installs
-it when ``megatron.core`` is first looked up, and then steps aside. Installing the finder imports
-nothing (``recompute-harness revisions`` stays torch-free). The harness's entry points call it: the
+that: ``defer_compile_before_megatron_core()`` puts a finder first on ``sys.meta_path`` that wraps
+``megatron.core``'s loader, so that the deferral is installed when the package executes, and then
+steps aside. Installing the finder or looking MCore up imports nothing (``recompute-harness
+revisions`` stays torch-free). The harness's entry points call it: the
 CLI, the torchrun worker, the probe and estimate children, and this repo's pytest processes. Only on a
 machine without an NVIDIA driver: the GPU tier runs torch unmodified. ``torch.compile``'s source is
 pinned like the adapter's other objects (``harness.cpu.adapter.PATCHED_SURFACE``), so a torch whose
@@ -78,14 +79,45 @@ def defer_compile() -> bool:
     return True
 
 
-class _BeforeMegatronCore(importlib.abc.MetaPathFinder):
-    """Defers ``torch.compile`` the moment ``megatron.core`` is first looked up; finds nothing itself."""
+class _DeferThenLoad(importlib.abc.Loader):
+    """``megatron.core``'s own loader, with ``defer_compile()`` first when the package really executes."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "megatron.core":
-            sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _BeforeMegatronCore)]
-            defer_compile()
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        _remove_finder()
+        defer_compile()
+        self.loader.exec_module(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...: the real loader's
+        return getattr(self.loader, name)
+
+
+class _BeforeMegatronCore(importlib.abc.MetaPathFinder):
+    """Finds ``megatron.core`` as the other finders do and wraps its loader: looking it up (``find_spec``,
+    as ``recompute-harness revisions`` does) imports nothing; executing it defers ``torch.compile`` first."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "megatron.core":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _DeferThenLoad(spec.loader)
+                return spec
         return None
+
+
+def _remove_finder() -> None:
+    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _BeforeMegatronCore)]
 
 
 def defer_compile_before_megatron_core() -> None:

@@ -145,3 +145,13 @@ def test_an_unidentifiable_megatron_core_is_refused_before_anything_is_written(t
         assert done.returncode == 2, done.stderr
         assert done.stderr.count("\n") == 1 and "has no version" in done.stderr, done.stderr
     assert sorted(p.name for p in manifests.iterdir()) == before
+
+
+def test_revisions_imports_neither_torch_nor_megatron_core():
+    # The CLI arms the CPU adapter's deferred torch.compile before MCore imports; looking MCore up (as
+    # the identity does) must not set it off.
+    probe = ("import io, sys, contextlib; from harness.cli import main; out = io.StringIO()\n"
+             "with contextlib.redirect_stdout(out): code = main(['revisions', '--json'])\n"
+             "print(code, 'torch' in sys.modules, 'megatron.core' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["0", "False", "False"], done.stderr[-2000:]
