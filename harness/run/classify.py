@@ -101,17 +101,39 @@ def torchrun_errors(row_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
+_RAISED = re.compile(r"\s*(?:\[rank\d+\]:\s*)?[\w.]*(?:Error|Exception|Interrupt)\b")  # "ModuleNotFoundError: ..."
+
+
+def _tail(path: Path) -> str:
+    """The last ``STDERR_TAIL_BYTES`` of a log ("" when unreadable)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - STDERR_TAIL_BYTES))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def last_words(row_dir: Path) -> str | None:
+    """For ranks that died without an error line or file: the last line a rank wrote to stderr (an
+    import error's traceback ends there), else the last line of torchrun's own log (its agent failing
+    before any worker started); "<file>: <line>", or None when every log is empty."""
+    for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")):  # warnings are not the cause
+        line = next((line.strip() for line in reversed(_tail(path).splitlines()) if _RAISED.match(line)), None)
+        if line is not None:
+            return f"{path.relative_to(row_dir)}: {line[:400]}"
+    for path in sorted(Path(row_dir).glob("launcher*.log")):
+        line = next((line.strip() for line in reversed(_tail(path).splitlines()) if line.strip()), None)
+        if line is not None:
+            return f"{path.relative_to(row_dir)}: {line[:400]}"
+    return None
+
+
 def watchdog_timeouts(row_dir: Path) -> list[tuple[Path, str]]:
     """(stderr.log, line) for each rank whose stderr ends with torch's NCCL watchdog timeout report."""
     found = []
     for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")):
-        try:
-            with open(path, "rb") as handle:
-                handle.seek(max(0, path.stat().st_size - STDERR_TAIL_BYTES))
-                tail = handle.read().decode("utf-8", errors="replace")
-        except OSError:
-            continue
-        line = next((line for line in tail.splitlines() if WATCHDOG_MARKER in line.lower()), None)
+        line = next((line for line in _tail(path).splitlines() if WATCHDOG_MARKER in line.lower()), None)
         if line is not None:
             found.append((path, line.strip()))
     return found
@@ -287,6 +309,8 @@ def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir
     else:
         kind = "crash"
         message = f"torchrun exit codes {launch.returncodes}; rank(s) {[r.rank for r in stuck]} exited without an error report"
+        if (words := last_words(row_dir)) is not None:
+            message += f"; last words: {words}"
     return Classification(kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message)
 
 

@@ -155,3 +155,19 @@ def test_revisions_imports_neither_torch_nor_megatron_core():
              "print(code, 'torch' in sys.modules, 'megatron.core' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["0", "False", "False"], done.stderr[-2000:]
+
+
+def test_a_package_commit_is_read_from_the_clean_git_work_tree_that_tracks_it(tmp_path):
+    # How Megatron Bridge's commit is read when it is an editable or source install (no PEP 610 commit).
+    from harness.config.revisions import _git_commit
+
+    repo = mcore_checkout(tmp_path)
+    package = repo / "megatron" / "core"
+    assert _git_commit(package, tracked="__init__.py") == (git_head(repo), "")
+    (package / "__init__.py").write_text("# edited\n")
+    commit, note = _git_commit(package, tracked="__init__.py")
+    assert commit is None and "has local changes" in note
+    untracked = tmp_path / "site-packages" / "pkg"
+    untracked.mkdir(parents=True)
+    (untracked / "__init__.py").write_text("")
+    assert _git_commit(untracked, tracked="__init__.py") == (None, "")

@@ -43,3 +43,24 @@ def test_the_silent_rank_is_blamed_and_the_peer_is_collateral(tmp_path):
     outcome = _classify(tmp_path, ranks, [1])
     assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("crash", 2, "forward", (1,))
     assert "collateral: rank(s) [0]" in outcome.message
+
+
+def test_ranks_that_died_before_reporting_are_told_by_their_last_words(tmp_path):
+    # Both ranks died while importing (no event, no torchrun error file): the exception line of a rank's
+    # stderr is the evidence, not the warnings printed before it.
+    for rank in (0, 1):
+        log = tmp_path / "torchrun" / "node0" / "job_x" / "attempt_0" / str(rank) / "stderr.log"
+        log.parent.mkdir(parents=True)
+        log.write_text("UserWarning: Transformer Engine and Apex are not installed.\nTraceback (most recent call last):\n"
+                       "  File \"worker.py\", line 1\nModuleNotFoundError: No module named 'megatron.core'\n"
+                       "  warnings.warn(\n")
+    outcome = _classify(tmp_path, read_row(tmp_path, 2), [1])
+    assert (outcome.status, outcome.iteration, outcome.ranks) == ("crash", None, (0, 1))
+    assert outcome.message.endswith("last words: torchrun/node0/job_x/attempt_0/0/stderr.log: "
+                                    "ModuleNotFoundError: No module named 'megatron.core'"), outcome.message
+
+
+def test_an_agent_that_failed_before_starting_workers_is_told_by_its_log(tmp_path):
+    (tmp_path / "launcher0.log").write_text("torch.distributed.DistStoreError: failed to bind the store port\n\n")
+    outcome = _classify(tmp_path, read_row(tmp_path, 2), [1])
+    assert "last words: launcher0.log: torch.distributed.DistStoreError: failed to bind the store port" in outcome.message
