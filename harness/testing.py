@@ -14,10 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Sequence
 
-from harness.compare.comparator import Comparison, compare_records, refresh_command
+from harness.compare.comparator import Comparison, compare_records, missing_golden_message
 from harness.errors import UsageError
 from harness.record.golden import load_golden
-from harness.record.golden_dir import near_misses, resolve_golden
+from harness.record.golden_dir import resolve_golden
 from harness.record.model import Record
 from harness.report.junit import record_golden_properties
 from harness.report.markdown import comparison_markdown
@@ -33,9 +33,7 @@ def check_against_golden(
         raise AssertionError("no records to check against a golden")
     path = resolve_golden(records, golden)
     if not path.is_file():
-        nearest = near_misses(records, path)
-        raise AssertionError(f"no golden {path} for these revision pins{f' ({nearest})' if nearest else ''}; "
-                             f"write it from a real run: {refresh_command(str(path))}")
+        raise AssertionError(missing_golden_message(records, path))
     try:
         comparison = compare_records(load_golden(path), records, str(path))
     except UsageError as refused:  # pins differ from the named file: a test failure, not bad CLI input

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 
 from harness.commands.options import add_golden_dir
-from harness.compare.comparator import compare_records, refresh_command
+from harness.compare.comparator import compare_records, missing_golden_message
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.record.golden import load_golden
-from harness.record.golden_dir import existing, golden_root, near_misses, resolve_golden
+from harness.record.golden_dir import existing, golden_root, resolve_golden
 from harness.record.io import load_records
 from harness.report.json_report import comparison_json, dumps
 from harness.report.markdown import comparison_markdown, emit
@@ -30,9 +30,7 @@ def run(args: argparse.Namespace) -> int:
     records = load_records(args.records)
     path = resolve_golden(records, args.golden if args.golden is not None else existing(golden_root(args.golden_dir)))
     if path != args.golden and not path.is_file():  # picked by the records' pins, and absent
-        nearest = near_misses(records, path)
-        raise UsageError(f"no golden {path.name} for these records' pins in {path.parent}"
-                         f"{f' ({nearest})' if nearest else ''}; write it from a real run: {refresh_command(str(path))}")
+        raise UsageError(missing_golden_message(records, path))
     golden = load_golden(path)
     comparison = compare_records(golden, records, str(path))
     if args.json:

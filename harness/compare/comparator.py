@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from harness.errors import UsageError
 from harness.record.effects import matched_control
 from harness.record.golden import Golden, golden_values, identity_differences
+from harness.record.golden_dir import near_misses
 from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
@@ -58,6 +59,13 @@ class Comparison:
 
 def refresh_command(golden_path: str, record_sources: Sequence[str] = ("RECORD...",)) -> str:
     return f"recompute-harness golden refresh --golden-dir {Path(golden_path).parent} {' '.join(record_sources)}"
+
+
+def missing_golden_message(records: Sequence[Record], path: Path) -> str:
+    """Why no golden judges ``records`` at ``path`` (the file their pins name), and how to write one."""
+    nearest = near_misses(records, path)
+    return (f"no golden {path.name} for these revision pins in {path.parent}{f' ({nearest})' if nearest else ''}; "
+            f"write it from a real run: {refresh_command(str(path))}")
 
 
 def tolerance_text(rule: dict[str, Any], unit: str | None) -> str:

@@ -59,6 +59,13 @@ def _compile_disabled() -> bool:
     return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 
 
+def run_compiled_helpers_eagerly() -> None:
+    """On CPU, MCore's torch.compile'd helpers (the MoE router's expert-bias update, squared ReLU, ...)
+    run eagerly: the same results, without importing and running Inductor, whose C++ builds take
+    ~25 s, in every rank. ``TORCH_COMPILE_DISABLE=0`` in the environment keeps them compiled."""
+    os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+
+
 def upstream_compile() -> Callable[..., Any]:
     """``torch.compile`` as torch defines it (deferred or not)."""
     import torch

@@ -33,14 +33,14 @@ from typing import Any
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
+from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
 from harness.processes import run_bounded
 from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.run.recipes import Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
 WORKER_TIMEOUT_S = 600.0
-CONTROL, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, UNMEASURED = (
-    "control", "effective", "inactive", "rejected", "requires-TE", "unmeasured")
+UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.status), plus this one
 # recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
 # resolve to fused or flash attention on Hopper; both keep q, k, v, output and softmax statistics).
 ATTENTION_FOR_RECIPE = {"fused": "fused", "flash": "fused", "auto": "fused", "local": "unfused", "unfused": "unfused"}
@@ -209,7 +209,7 @@ def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: in
     if row == CONTROL_ROW:
         attribution = {f"{kind}:{name}": round(value * n * in_flight) for kind, n in layers.items()
                        for name, value in control_parts[kind][1].items()}
-        return EstimateRow(row, CONTROL, retained_bytes=round(control_total), saving_bytes=0, saving_pct=0.0,
+        return EstimateRow(row, CONTROL_STATUS, retained_bytes=round(control_total), saving_bytes=0, saving_pct=0.0,
                            per_kind={kind: {"layers": n, "retained_bytes": round(control_parts[kind][0] * n * in_flight),
                                             "saving_bytes": 0} for kind, n in layers.items()},
                            attribution=dict(sorted(attribution.items(), key=lambda item: (-item[1], item[0]))))

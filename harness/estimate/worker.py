@@ -17,16 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cpu.deferred_compile import defer_compile_before_megatron_core
-
-# MCore wraps small router/activation helpers in torch.compile (jit_fuser); inductor's C++ build costs
-# ~25 s on CPU. The same functions run eagerly; byte counts are the same.
-os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core, run_compiled_helpers_eagerly
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,6 +79,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     defer_compile_before_megatron_core()  # CPU adapter part 4
+    run_compiled_helpers_eagerly()  # byte counts are the same
     parser = argparse.ArgumentParser(prog="harness.estimate.worker")
     parser.add_argument("--recipe", required=True)
     parser.add_argument("--rows", required=True, help="JSON list of row names")

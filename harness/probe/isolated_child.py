@@ -14,7 +14,6 @@ from harness.probe.isolate import READY, RESULT
 from harness.probe.plan import ProbeRow
 
 
-
 def main(argv: list[str]) -> int:
     defer_compile_before_megatron_core()  # CPU adapter part 4
     parser = argparse.ArgumentParser(prog="harness.probe.isolated_child")

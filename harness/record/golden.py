@@ -183,10 +183,13 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
     for key, value in (golden.workload or {}).items():
         if as_run.get(key) != value:
             differences.append(f"workload.{key} {value} != {as_run.get(key)}")
-    pins = record.pins()
-    for key, pinned in golden.pins.items():
-        differences += pin_differences(key, pinned, pins[key])
-    return differences
+    return differences + pins_differences(golden, record.pins())
+
+
+def pins_differences(golden: Golden, pins: dict[str, Any]) -> list[str]:
+    """Where ``pins`` (a record's, or an installed stack's) differ from every pin ``golden`` states."""
+    return [difference for key, pinned in golden.pins.items()
+            for difference in pin_differences(key, pinned, pins.get(key))]
 
 
 def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.record.golden import (
-    Golden, golden_filename_for, identity_differences, load_golden, pin_differences, recipe_slug,
+    Golden, golden_filename_for, identity_differences, load_golden, recipe_slug,
 )
 from harness.record.model import Record
 
@@ -100,12 +100,6 @@ def _goldens_named(prefix: str, directory: Path) -> list[tuple[Path, Golden]]:
         if recipe_slug(golden.recipe, golden.hardware) == prefix:  # not a recipe whose name extends this one
             found.append((path, golden))
     return found
-
-
-def pinned_to(golden: Golden, pins: dict[str, Any]) -> bool:
-    """Whether every pin ``golden`` states matches ``pins`` (a commit, or a version + fingerprint)."""
-    return not [difference for key, pinned in golden.pins.items()
-                for difference in pin_differences(key, pinned, pins.get(key))]
 
 
 def resolve_golden(records: Sequence[Record], golden: Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.cpu.deferred_compile import defer_compile_before_megatron_core
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core, run_compiled_helpers_eagerly
 from harness.processes import die_with_parent
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument
@@ -35,10 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = read_spec(row_dir)
     recipe = Recipe.from_dict(spec["recipe"])
     if recipe.device == "cpu":
-        # MCore's torch.compile'd helpers (the MoE router's expert-bias update, ...) run eagerly on CPU,
-        # as in the estimate: same results, without importing and running Inductor in every rank.
-        # TORCH_COMPILE_DISABLE=0 in the environment keeps them compiled.
-        os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
+        run_compiled_helpers_eagerly()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     instrument = Instrument(row_dir, rank, recipe.device)
     try:

@@ -79,14 +79,15 @@ def test_moonlight_seed_study_matches_its_golden(tmp_path):
     require(gpus=8, sm="9.0", te=True, bridge=True)
     from harness.compare.comparator import compare_records
     from harness.config.revisions import collect_revisions
-    from harness.record.golden_dir import golden_root, goldens_of, pinned_to
+    from harness.record.golden import pins_differences
+    from harness.record.golden_dir import golden_root, goldens_of
     from harness.record.model import Revisions
 
     # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold
     # only where the installed stack matches a golden's pins (the commit, or version + source fingerprint).
     installed = Revisions.from_json(collect_revisions()).pins()
     candidates = goldens_of("moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root())
-    matching = [(path, golden) for path, golden in candidates if pinned_to(golden, installed)]
+    matching = [(path, golden) for path, golden in candidates if not pins_differences(golden, installed)]
     if not matching:
         pinned = sorted(str(golden.pins["megatron_core"]) for _, golden in candidates)
         pytest.skip(f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
