@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import socket
 import sys
 import tempfile
 from collections import defaultdict
@@ -33,6 +35,7 @@ from typing import Any
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
+from harness.record.build import now_iso
 from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
 from harness.processes import run_bounded
 from harness.config.fields import CONTROL_ROW, RecomputeFields
@@ -83,6 +86,7 @@ class Estimate:
     scope: str
     rows: list[EstimateRow]
     revisions: dict[str, Any] = field(default_factory=dict)  # torch / megatron_core / transformer_engine
+    provenance: dict[str, Any] = field(default_factory=dict)  # source, command, host, date of the run
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -267,6 +271,10 @@ def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: s
     result = assemble(recipe, chosen, backend, results)
     revisions = collect_revisions()
     result.revisions = {key: revisions[key] for key in ("torch", "megatron_core", "transformer_engine")}
+    command = ["recompute-harness", "estimate", "--recipe", recipe.name, *(["--rows", *rows] if rows else []),
+               *(["--attention-backend", attention_backend] if attention_backend else [])]
+    result.provenance = {"source": "cpu estimate run", "command": shlex.join(command),
+                         "host": socket.gethostname(), "date": now_iso()}
     return result
 
 

@@ -19,6 +19,9 @@ def test_estimate_reports_every_status_on_the_hot_rank(capsys, tmp_path):
     printed = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == printed
     assert printed["layers"] == {"dense": 1, "moe": 7} and printed["hot_rank"] == 0
+    assert printed["provenance"]["source"] == "cpu estimate run" and printed["provenance"]["command"] == (
+        "recompute-harness estimate --recipe mcore-moonlight-1gpu --rows '[]' mlp moe_act gdn_norm_out "
+        "full-uniform-1 mla_up_proj") and printed["provenance"]["date"]
     assert printed["attention_backend"] == "unfused"  # the recipe says attention_backend = "local"
     assert printed["score_bytes_per_s2"]["dense"] > 0  # unfused: the score matrix grows with s²
     rows = {row["label"]: row for row in printed["rows"]}
