@@ -3,6 +3,8 @@ checkout on PYTHONPATH, nothing installed; a wrong interpreter is one line, exit
 
 from __future__ import annotations
 
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +50,29 @@ def test_wrong_interpreters_are_one_line_exit_2(tmp_path):
         assert result.returncode == 2, (python, result.stderr)
         assert result.stderr.count("\n") == 1 and problem in result.stderr, result.stderr
         assert result.stdout == ""
+
+
+def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_nothing(tmp_path):
+    """The CI machine once had 5 GB free: pip died mid-install with a traceback. A 32 MiB tmpfs of its own,
+    in a private mount namespace, stands in for that disk; the checkout's set-up files are copied onto it."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs util-linux's unshare to mount a small filesystem")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    files = ("venv-run", "pyproject.toml", ".python-version", "ci/constraints-cpu.txt")
+    script = "\n".join([
+        f"mount -t tmpfs -o size=32m tmpfs {disk} || exit 77",
+        *(f"mkdir -p {disk / Path(f).parent} && cp -p {ROOT / f} {disk / f}" for f in files),
+        f"env -i PATH=/usr/bin:/bin HOME={tmp_path} {disk / 'venv-run'} true; echo rc=$?",
+        f"ls -A {disk}",
+    ])
+    result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=60)
+    if result.returncode == 77 or "unshare failed" in result.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    lines = result.stdout.splitlines()
+    assert "rc=2" in lines, result
+    refusal = [line for line in result.stderr.splitlines() if line.startswith("venv-run:")]
+    assert len(refusal) == 1 and "needs about 7 GiB free" in refusal[0], result.stderr
+    assert int(re.search(r"which has (\d+) MiB", refusal[0]).group(1)) <= 32
+    assert ".venv" not in lines[lines.index("rc=2") + 1:]  # nothing created on the full disk
