@@ -46,7 +46,7 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
     def first_call_compiles(*args: Any, **kwargs: Any) -> Any:
         nonlocal compiled
         if compiled is None:
-            if _compile_disabled():  # what upstream's compiled function does under the flag: run eagerly
+            if compile_disabled():  # what upstream's compiled function does under the flag: run eagerly
                 return model(*args, **kwargs)
             compiled = _upstream_compile(model, **options)
         return compiled(*args, **kwargs)
@@ -54,7 +54,7 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
     return first_call_compiles
 
 
-def _compile_disabled() -> bool:
+def compile_disabled() -> bool:
     """``TORCH_COMPILE_DISABLE`` as TorchDynamo reads it (``torch._dynamo.config.disable``)."""
     return os.environ.get("TORCH_COMPILE_DISABLE", "0") == "1"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.cpu.deferred_compile import defer_compile_before_megatron_core, run_compiled_helpers_eagerly
+from harness.cpu.deferred_compile import compile_disabled, defer_compile_before_megatron_core, run_compiled_helpers_eagerly
 from harness.processes import die_with_parent
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument
@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         run_compiled_helpers_eagerly()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     instrument = Instrument(row_dir, rank, recipe.device)
+    # Eager or compiled helpers change step time, not memory: the record says which ran.
+    instrument.note("torch_compile", "disabled" if compile_disabled() else "enabled")
     try:
         # Import before announcing the start: the stall clock then never counts import time.
         if recipe.backend == "mcore":

@@ -43,6 +43,7 @@ def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
         # CPU: no allocator peak is invented; the record says why.
         assert record.run_metrics.ranks == [] and record.headline.peak_scope == "unreported"
         assert "no caching-allocator peak" in record.workload.extra["device_memory"]
+        assert record.workload.extra["torch_compile"] == "disabled"  # CPU workers run compiled helpers eagerly
         for rank in (0, 1):
             assert (result.row_dir / "events" / f"rank{rank}.jsonl").stat().st_size > 0
             logs = list(result.row_dir.glob(f"torchrun/node0/*/attempt_0/{rank}/stderr.log"))
