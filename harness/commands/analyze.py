@@ -9,7 +9,7 @@ from pathlib import Path
 from harness.compare.analysis import analyse
 from harness.errors import EXIT_OK
 from harness.files import check_output
-from harness.record.io import load_records
+from harness.record.io import load_records, unmeasured_rows
 from harness.report.json_report import analysis_json, dumps
 from harness.report.markdown import analysis_markdown, emit
 
@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:  # checked before any output: an existing non-PNG (a record, say) is never overwritten
         check_output(args.plot, args.force, lambda head: head.startswith(PNG_MAGIC), "PNG plot")
     analysis = analyse(load_records(args.records))
+    analysis.conclusions.extend(unmeasured_rows(args.records))  # a killed sweep's table is not the whole sweep
     versus = None
     if args.estimate is not None:
         from harness.estimate.versus import estimate_vs_measured, load_estimate, versus_json, versus_markdown

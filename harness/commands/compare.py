@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.commands.options import add_golden_dir
+from harness.commands.options import add_golden_dir, note_unmeasured
 from harness.compare.comparator import compare_records, missing_golden_message
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.record.golden import load_golden
@@ -28,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     records = load_records(args.records)
+    note_unmeasured(args.records)
     path = resolve_golden(records, args.golden if args.golden is not None else existing(golden_root(args.golden_dir)))
     if path != args.golden and not path.is_file():  # picked by the records' pins, and absent
         raise UsageError(missing_golden_message(records, path))

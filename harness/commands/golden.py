@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK
 from harness.record.golden_dir import golden_root, writable
-from harness.record.io import load_records
+from harness.record.io import load_records, unmeasured_rows
 from harness.record.refresh import plan_refresh, write_refresh
 from harness.report.json_report import dumps
 from harness.report.markdown import emit, refresh_markdown
@@ -21,7 +21,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     refresh.add_argument("records", nargs="+", type=Path, help="fresh run record files or directories of them")
     add_golden_dir(refresh)
     refresh.add_argument("--allow-failed", action="store_true", help="accept rows that did not complete (expected OOMs)")
-    refresh.add_argument("--allow-partial", action="store_true", help="accept a set missing rows of the previous golden")
+    refresh.add_argument("--allow-partial", action="store_true", help="accept a set missing rows of the previous golden or of its own sweep's plan (SWEEP.json)")
     refresh.add_argument("--dry-run", action="store_true", help="print the diff, write nothing (marked as a dry run)")
     refresh.add_argument("--json", action="store_true",
                          help="print what was (or would be) written as JSON instead of markdown; no step summary")
@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     command = "recompute-harness " + " ".join(shlex.quote(arg) for arg in sys.argv[1:])
-    plans = plan_refresh(load_records(args.records), golden_root(args.golden_dir), command, args.allow_failed, args.allow_partial)
+    plans = plan_refresh(load_records(args.records), golden_root(args.golden_dir), command, args.allow_failed,
+                         args.allow_partial, unmeasured_rows(args.records))
     if not args.dry_run:
         writable(golden_root(args.golden_dir))
         write_refresh(plans)

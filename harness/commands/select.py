@@ -6,6 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
+from harness.commands.options import note_unmeasured
 from harness.compare.selection import select
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.record.io import load_records
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     selection = select(load_records(args.records), args.target_gb)
+    note_unmeasured(args.records)
     if args.json:
         print(dumps(selection_json(selection)))
     else:

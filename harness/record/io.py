@@ -49,11 +49,55 @@ def write_record(path: Path, record: Record) -> None:
     write_json_atomic(path, record.validated().to_json())
 
 
-SWEEP_BOOKKEEPING = ("rows", "INTERRUPTED.json")  # a sweep directory's own files beside records/
+# The runner's plan, written before the first row starts: every row and the record file it will get. A
+# sweep whose runner was SIGKILLed or whose disk filled has no marker of its own; its plan tells.
+SWEEP_PLAN = "SWEEP.json"
+SWEEP_PLAN_SCHEMA = "recompute-harness/sweep-plan"
+SWEEP_BOOKKEEPING = ("rows", "INTERRUPTED.json", SWEEP_PLAN)  # a sweep directory's own files beside records/
+
+
+def write_sweep_plan(directory: Path, recipe: str, record_files: dict[str, str]) -> None:
+    """``record_files``: row (the row syntax) -> its record's path relative to the sweep ``directory``."""
+    write_json_atomic(Path(directory) / SWEEP_PLAN, {
+        "schema": SWEEP_PLAN_SCHEMA, "recipe": recipe,
+        "rows": [{"row": row, "record": record} for row, record in record_files.items()]})
+
+
+def _planned_rows(plan: Path) -> list[tuple[str, str]]:
+    data = read_json(plan)
+    rows = data.get("rows") if isinstance(data, dict) and data.get("schema") == SWEEP_PLAN_SCHEMA else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("row"), str)
+                                             and isinstance(r.get("record"), str) for r in rows):
+        raise UsageError(f"{plan}: not a sweep plan ({SWEEP_PLAN_SCHEMA}: rows of row and record)")
+    return [(r["row"], r["record"]) for r in rows]
+
+
+def unmeasured_rows(paths: Iterable[Path | str]) -> list[str]:
+    """One line per sweep named by a directory in ``paths`` (the sweep, its ``records/``, or a folder of
+    sweeps) whose plan has rows without a record. Record files named one by one are a choice, not a gap."""
+    sweeps: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            continue
+        if path.name == "records" and (path.parent / SWEEP_PLAN).is_file():
+            sweeps.add(path.parent)
+        sweeps.update(plan.parent for plan in path.rglob(SWEEP_PLAN) if plan.is_file())
+    lines = []
+    for sweep in sorted(sweeps):
+        planned = _planned_rows(sweep / SWEEP_PLAN)
+        missing = [row for row, record in planned if not (sweep / record).is_file()]
+        if missing:
+            lines.append(f"{sweep}: incomplete sweep: no record for row(s) {', '.join(missing)} of the {len(planned)} "
+                         "planned (its runner was stopped, killed or could not write)")
+    return lines
 
 
 def _sweep_bookkeeping(file: Path, root: Path) -> bool:
-    """A sweep's row specs, evidence and markers (``rows/...``, ``INTERRUPTED.json``): JSON, not records."""
+    """A sweep's plan, row specs, evidence and markers (``SWEEP.json``, ``rows/...``, ``INTERRUPTED.json``):
+    JSON, not records."""
+    if file.name == SWEEP_PLAN:
+        return True
     for ancestor in [file, *file.parents]:
         if ancestor == root.parent:
             break
@@ -69,7 +113,8 @@ def _expand(paths: Iterable[Path | str]) -> list[Path]:
         if path.is_dir():
             found = [file for file in sorted(path.rglob("*.json")) if not _sweep_bookkeeping(file, path)]
             if not found:
-                raise UsageError(f"{path}: directory holds no .json records")
+                gaps = unmeasured_rows([path])  # a sweep stopped before its first record says so
+                raise UsageError(gaps[0] if gaps else f"{path}: directory holds no .json records")
             files.extend(found)
         else:
             files.append(path)

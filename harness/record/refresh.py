@@ -45,8 +45,8 @@ def _diff(old: Golden | None, new: Golden) -> list[tuple[str, str, Any, Any, flo
     return lines
 
 
-def _refuse_incomplete(records: Sequence[Record], previous: Golden | None,
-                       allow_failed: bool, allow_partial: bool) -> None:
+def _refuse_incomplete(records: Sequence[Record], previous: Golden | None, allow_failed: bool,
+                       allow_partial: bool, unmeasured: Sequence[str]) -> None:
     if not allow_failed:
         failed = [f"{r.id} ({r.outcome.status})" for r in records
                   if r.outcome.status != "completed" or (r.kind != "cpu-probe" and r.run_metrics.nan_iterations)]
@@ -55,6 +55,8 @@ def _refuse_incomplete(records: Sequence[Record], previous: Golden | None,
                              "pass --allow-failed if the failures are the expected result")
     if allow_partial:
         return
+    if unmeasured:  # a first golden has no previous rows to miss: the sweep's own plan is the reference
+        raise UsageError(f"refusing a partial record set: {'; '.join(unmeasured)}; pass --allow-partial to write it anyway")
     short = [r.id for r in records if r.kind == "run" and r.outcome.status == "completed"
              and (r.outcome.iteration or 0) < (r.workload.train_iters or 0)]
     if short:
@@ -68,9 +70,10 @@ def _refuse_incomplete(records: Sequence[Record], previous: Golden | None,
                              "were not measured; pass --allow-partial to drop them")
 
 
-def plan_refresh(records: Sequence[Record], golden_root: Path, command: str,
-                 allow_failed: bool = False, allow_partial: bool = False) -> list[Refreshed]:
-    """Build (not write) one golden per recipe × hardware × pin group of ``records``."""
+def plan_refresh(records: Sequence[Record], golden_root: Path, command: str, allow_failed: bool = False,
+                 allow_partial: bool = False, unmeasured: Sequence[str] = ()) -> list[Refreshed]:
+    """Build (not write) one golden per recipe × hardware × pin group of ``records``; ``unmeasured``: the
+    lines ``harness.record.io.unmeasured_rows`` found for the sweeps they came from."""
     groups: dict[Path, list[Record]] = {}
     for record in records:
         if record.kind == "reference":
@@ -86,7 +89,7 @@ def plan_refresh(records: Sequence[Record], golden_root: Path, command: str,
         first = group[0]
         found = newest_like(target)
         previous_path, previous = (None, None) if found is None else found
-        _refuse_incomplete(group, previous, allow_failed, allow_partial)
+        _refuse_incomplete(group, previous, allow_failed, allow_partial, unmeasured)
         golden = golden_from_records(
             group,
             provenance={

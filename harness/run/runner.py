@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.errors import UsageError
-from harness.files import write_json_atomic
-from harness.record.io import write_record
+from harness.files import ensure_dir, write_json_atomic
+from harness.record.io import write_record, write_sweep_plan
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
@@ -129,11 +129,14 @@ def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher
         check_bridge_rows(recipe, sweep_rows(recipe, rows))
 
 
+def record_file(row: str) -> str:
+    """Where a row's record goes, relative to its sweep directory."""
+    return f"records/{row_slug(row)}.json"
+
+
 def sweep_dir(out: Path, recipe: Recipe) -> Path:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = Path(out) / f"{recipe.name}-{stamp}-{uuid.uuid4().hex[:6]}"
-    path.mkdir(parents=True)
-    return path
+    return ensure_dir(Path(out) / f"{recipe.name}-{stamp}-{uuid.uuid4().hex[:6]}")
 
 
 def run_sweep(
@@ -156,6 +159,11 @@ def run_sweep(
     timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
     stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s
     directory = sweep_dir(out, recipe)
+    try:
+        write_sweep_plan(directory, recipe.name, {row: record_file(row) for row in chosen})
+    except UsageError:  # nothing of this sweep reached the disk (a full one): leave no empty sweep behind
+        directory.rmdir()
+        raise
     results: list[RowResult] = []
     control: Classification | None = None
     for row in chosen:
@@ -173,7 +181,7 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
                 launcher: Launcher = Launcher()) -> RowResult:
     slug = row_slug(row)
     row_dir = directory / "rows" / slug
-    row_dir.mkdir(parents=True)
+    ensure_dir(row_dir)
     spec = {"recipe": {**recipe.as_dict(), "timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s}, "row": row}
     write_json_atomic(row_dir / SPEC_FILE, spec)
     if progress is not None:
@@ -181,7 +189,7 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
     commands = launcher.commands(recipe, row_dir, f"{recipe.name}-{slug}-{uuid.uuid4().hex[:8]}")
     provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",
                   "command": shlex.join(sys.argv), "notes": f"evidence: {row_dir}"}
-    record_path = directory / "records" / f"{slug}.json"
+    record_path = directory / record_file(row)
     try:
         launch = run_row(
             row_dir, commands, world_size=recipe.world_size, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s,

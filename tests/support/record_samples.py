@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.config.fields import RecomputeFields
 from harness.cli import main
 from harness.record.build import hardware, iteration_row, new_record, outcome, parallelism, rank_peaks, run_metrics, workload
-from harness.record.io import write_record
+from harness.record.io import write_record, write_sweep_plan
 from harness.record.model import Record
 
 REVISIONS = {
@@ -62,3 +62,14 @@ def write_records(tmp_path, *records) -> list[str]:
 def refresh(tmp_path, *records, flags=()) -> int:
     """``golden refresh`` of ``records`` into ``tmp_path/golden`` (the exit code)."""
     return main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"), *flags, *write_records(tmp_path, *records)])
+
+
+def write_sweep(directory, planned: dict[str, "Record | None"]):
+    """A sweep directory as the runner leaves it: the plan of every row of ``planned`` (row -> its record, or
+    None for a row the runner never got to record), and the records that were written. The directory."""
+    files = {row: f"records/r{i}.json" for i, row in enumerate(planned)}
+    write_sweep_plan(directory, "tiny-recipe", files)
+    for row, record in planned.items():
+        if record is not None:
+            write_record(directory / files[row], record)
+    return directory

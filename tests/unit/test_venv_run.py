@@ -1,15 +1,17 @@
 """./venv-run with RECOMPUTE_HARNESS_PYTHON: that interpreter's environment as it is, the harness from this
-checkout on PYTHONPATH, nothing installed; a wrong interpreter is one line, exit 2."""
+checkout on PYTHONPATH, nothing installed; a wrong interpreter is one line, exit 2. A new venv on a disk
+too full for it is one line, exit 2, before anything is created."""
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from small_disk import run_on_small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,23 +55,14 @@ def test_wrong_interpreters_are_one_line_exit_2(tmp_path):
 
 
 def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_nothing(tmp_path):
-    """The CI machine once had 5 GB free: pip died mid-install with a traceback. A 32 MiB tmpfs of its own,
-    in a private mount namespace, stands in for that disk; the checkout's set-up files are copied onto it."""
-    if shutil.which("unshare") is None:
-        pytest.skip("needs util-linux's unshare to mount a small filesystem")
+    """The CI machine once had 5 GB free: pip died mid-install with a traceback. A 32 MiB disk stands in
+    for it; the checkout's set-up files are copied onto it."""
     disk = tmp_path / "disk"
     disk.mkdir()
     files = ("venv-run", "pyproject.toml", ".python-version", "ci/constraints-cpu.txt")
-    script = "\n".join([
-        f"mount -t tmpfs -o size=32m tmpfs {disk} || exit 77",
-        *(f"mkdir -p {disk / Path(f).parent} && cp -p {ROOT / f} {disk / f}" for f in files),
-        f"env -i PATH=/usr/bin:/bin HOME={tmp_path} {disk / 'venv-run'} true; echo rc=$?",
-        f"ls -A {disk}",
-    ])
-    result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
-                            capture_output=True, text=True, timeout=60)
-    if result.returncode == 77 or "unshare failed" in result.stderr:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+    copies = "\n".join(f'mkdir -p "$DISK/{Path(f).parent}" && cp -p {ROOT / f} "$DISK/{f}"' for f in files)
+    result = run_on_small_disk(disk, copies + '\n"$DISK/venv-run" true; echo rc=$?; ls -A "$DISK"', size_mib=32,
+                               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     lines = result.stdout.splitlines()
     assert "rc=2" in lines, result
     refusal = [line for line in result.stderr.splitlines() if line.startswith("venv-run:")]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
+import json
 
 
 from harness.cli import main
-from record_samples import REVISIONS, refresh, run_record, write_records
+from record_samples import REVISIONS, refresh, run_record, write_records, write_sweep
 
 
 def test_refresh_writes_only_its_own_pins_and_diffs_against_the_previous_revision(tmp_path, capsys):
@@ -31,6 +32,23 @@ def test_refresh_refuses_failed_and_partial_sets_unless_told(tmp_path, capsys):
     assert refresh(tmp_path, run_record(), run_record("moe_act", status="oom"), flags=["--allow-failed"]) == 0
     assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"), *write_records(tmp_path / "q", run_record())]) == 2
     assert "rows moe_act of the previous golden were not measured" in capsys.readouterr().err
+
+
+def test_a_first_golden_from_an_incomplete_sweep_is_refused_and_every_reader_says_it_is_incomplete(tmp_path, capsys):
+    # A runner SIGKILLed (or out of disk) after two of three rows: no previous golden to miss rows of.
+    sweep = write_sweep(tmp_path / "sweep", {"[]": run_record(), "moe_act": run_record("moe_act"), "layernorm": None})
+    golden = tmp_path / "golden"
+    assert main(["golden", "refresh", "--golden-dir", str(golden), str(sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "refusing a partial record set" in err and "no record for row(s) layernorm" in err
+    assert not golden.exists()
+    assert main(["analyze", "--json", str(sweep / "records")]) == 0
+    assert any("no record for row(s) layernorm" in line for line in json.loads(capsys.readouterr().out)["conclusions"])
+    assert main(["select", "--target-gb", "100", str(sweep)]) == 0
+    assert "note: " in capsys.readouterr().err
+    assert main(["golden", "refresh", "--golden-dir", str(golden), "--allow-partial", str(sweep)]) == 0
+    assert main(["compare", "--golden-dir", str(golden), str(sweep)]) == 0  # the golden's rows were all measured
+    assert "incomplete sweep" in capsys.readouterr().err
 
 
 def test_cpu_run_records_never_become_timing_goldens(tmp_path, capsys):

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.run.backend_mcore import build

@@ -1,5 +1,5 @@
 """The runner owns its children: a stop signal records the running row as ``interrupted`` and stops
-its process tree; a SIGKILLed runner's workers die with it (parent-death signal)."""
+its process tree; a SIGKILLed runner's workers die with it (parent-death signal) and its sweep reads as incomplete."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.record.io import load_records
+from harness.record.io import load_records, unmeasured_rows
 from harness.run.events import read_rank
 
 pytestmark = pytest.mark.slow
@@ -69,3 +69,7 @@ def test_a_sigkilled_runners_workers_exit_within_seconds(tmp_path):
     for pid in leftover:  # clean up before failing
         os.kill(pid, signal.SIGKILL)
     assert leftover == []
+    # No marker could be written, but the plan tells every reader that the sweep is incomplete.
+    (sweep,) = tmp_path.iterdir()
+    assert unmeasured_rows([tmp_path]) == [f"{sweep}: incomplete sweep: no record for row(s) [] of the 1 planned "
+                                           "(its runner was stopped, killed or could not write)"]
