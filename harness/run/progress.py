@@ -8,6 +8,7 @@ row finishing. Ranks in the same state share one line (``it3 forward: r0-15``), 
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import datetime, timezone
 
@@ -20,6 +21,19 @@ from harness.run.events import RankEvidence
 
 _STYLE = {"completed": "green", "oom": "red", "nan": "red", "crash": "red", "hang": "red",
           "advanced-but-failed": "yellow"}
+
+
+class ProgressConsole(Console):
+    """The progress stream's console. Its reader going away (``run ... 2>&1 | head``, a dead ``tee``) only
+    silences the progress: rich's own answer, ``SystemExit(1)``, would stop the sweep mid-row and record
+    the row as interrupted. The stream's descriptor then points at /dev/null, so later lines (the CLI's
+    own error line, Python's flush at exit) are quiet too."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.file.fileno())
+        os.close(devnull)
 
 
 def _rank_state(rank: RankEvidence) -> str:
@@ -73,7 +87,7 @@ class LiveProgress:
                  plain: bool | None = None) -> None:
         self.recipe = recipe
         self.iterations = iterations
-        self.console = console or Console(stderr=True)
+        self.console = console or ProgressConsole(stderr=True)
         self.plain = (not (sys.stdout.isatty() and self.console.is_terminal)) if plain is None else plain
         self.order = {row: k for k, row in enumerate(rows, start=1)}
         self.lines: dict[str, list[str]] = {row: [f"{k}/{len(rows)} {row}", "pending", "", "", "", ""]

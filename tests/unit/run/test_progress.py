@@ -1,15 +1,17 @@
-"""Sweep progress: row k/N, iteration i/N, ETA, ranks grouped by state; plain timestamped lines in a log."""
+"""Sweep progress: row k/N, iteration i/N, ETA, ranks grouped by state; plain timestamped lines in a log; a
+progress reader that went away silences the progress, never the sweep."""
 
 from __future__ import annotations
 
 import io
+import os
 import re
 
 from rich.console import Console
 
 from harness.run.classify import Classification
 from harness.run.events import RankEvidence
-from harness.run.progress import LiveProgress, eta_s, rank_states
+from harness.run.progress import LiveProgress, ProgressConsole, eta_s, rank_states
 
 
 def _ranks(count: int, iteration: int, phase: str = "forward") -> list[RankEvidence]:
@@ -51,3 +53,19 @@ def test_a_terminal_gets_the_table_with_row_and_iteration_counts():
         progress.poll("[]", _ranks(16, 2), 10.0)
     text = out.getvalue()
     assert "1/2 []" in text and "2/2 moe_act" in text and "2/6" in text and "it2 forward: r0-15" in text
+
+
+def test_a_closed_progress_pipe_silences_the_progress_and_the_sweep_goes_on():
+    # `run ... 2>&1 | head -1`: a real pipe whose reader has gone. rich's default raises SystemExit(1), which
+    # the runner takes for a stop signal: the row's processes stopped and recorded as interrupted.
+    reader, writer = os.pipe()
+    os.close(reader)
+    with open(writer, "w", encoding="utf-8") as stream:
+        progress = LiveProgress("r", ["[]", "moe_act"], 4, console=ProgressConsole(file=stream, width=80), plain=True)
+        with progress:
+            progress.row_started("[]")
+            for iteration in (1, 2, 3):
+                progress.poll("[]", _ranks(2, iteration), 4.0 * iteration)
+            progress.row_finished("[]", Classification("completed", None, None, (), ""), 16.0)
+        assert progress.console.quiet
+        assert os.path.samefile(f"/proc/self/fd/{stream.fileno()}", os.devnull)  # later writes are quiet too
