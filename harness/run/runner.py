@@ -16,6 +16,7 @@ first launch.
 from __future__ import annotations
 
 import shlex
+import signal
 import sys
 import uuid
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
-from harness.run.torchrun import LaunchResult, local_commands, run_row, slurm_command
+from harness.run.torchrun import STOP_SIGNALS, LaunchResult, local_commands, run_row, slurm_command
 from harness.run.preflight import check_bridge_rows
 from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
 from harness.run.recipes import Recipe, check_packages
@@ -218,6 +219,13 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
 INTERRUPTED_MARKER = "INTERRUPTED.json"
 
 
+def _exit_cause(code: object) -> str:
+    """``sigterm_as_exit`` exits with 128 + the signal's number; any other exit is named as it is."""
+    if isinstance(code, int) and code - 128 in {int(sig) for sig in STOP_SIGNALS}:
+        return f"{signal.Signals(code - 128).name} (exit {code})"
+    return f"exit {code}"
+
+
 def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Path, directory: Path,
                         stop: BaseException, provenance: dict[str, Any]) -> None:
     """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and
@@ -225,7 +233,7 @@ def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Pa
     ranks = read_row(row_dir, recipe.world_size)
     unfinished = [rank for rank in ranks if not rank.done] or ranks
     behind = min(unfinished, key=lambda rank: rank.position)
-    why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else f"exit {stop.code} (a stop signal)"
+    why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else _exit_cause(stop.code)
     outcome = Classification("interrupted", behind.iteration if behind.phase else None, behind.phase,
                              tuple(rank.rank for rank in unfinished),
                              f"runner stopped by {why} while the row ran; its process tree was stopped")

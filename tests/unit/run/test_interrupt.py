@@ -54,7 +54,9 @@ def test_sighup_records_the_running_row_as_interrupted_and_stops_its_processes(t
     (sweep,) = tmp_path.iterdir()
     (record,) = load_records([sweep / "records"])
     assert record.outcome.status == "interrupted" and record.outcome.iteration >= 1 and record.outcome.ranks
-    assert json.loads((sweep / "INTERRUPTED.json").read_text())["row"] == "[]"
+    marker = json.loads((sweep / "INTERRUPTED.json").read_text())
+    assert marker["row"] == "[]" and marker["reason"] == "SIGHUP (exit 129)"
+    assert "stopped by SIGHUP (exit 129)" in record.outcome.message
 
 
 def test_a_sigkilled_runners_workers_exit_within_seconds(tmp_path):
