@@ -17,6 +17,7 @@ from harness import __version__
 from harness.cpu.deferred_compile import defer_compile_before_megatron_core
 from harness.errors import EXIT_USAGE, UsageError
 from harness.noise import silence_known_noise
+from harness.processes import exit_cause, stop_signals_as_exit, stopped_by
 
 # subcommand -> (module under harness.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         refuse_optimized_python()
         _check_step_summary()
         args = build_parser(argv).parse_args(argv)
-        code = int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
+        with stop_signals_as_exit():  # so every command's clean-up runs (isolated children, torchrun jobs)
+            code = int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
         sys.stdout.flush()
         return code
     except UsageError as exc:
@@ -139,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("recompute-harness: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as stop:
+        if stopped_by(stop.code) is None:
+            raise
+        print(f"recompute-harness: stopped by {exit_cause(stop.code)}", file=sys.stderr)
+        return stop.code
 
 
 if __name__ == "__main__":

@@ -1,12 +1,44 @@
-"""Child processes in sessions of their own, so that one that hangs is killed with everything it started."""
+"""Child processes in sessions of their own, so that one that hangs is killed with everything it started;
+each also dies with the harness (parent-death signal), and a stop signal to the harness unwinds it, so
+its clean-ups (killing those children, removing temporary files) run."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_signals_as_exit() -> Iterator[None]:
+    """Turn SIGTERM (``timeout``, slurm's time limit, CI's cancel) and SIGHUP (a closed terminal) into
+    ``SystemExit(128 + signal)``: their default action ends the process on the spot, with no ``finally``
+    run, and a probe's isolated child or a row's torchrun would be left running."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: sys.exit(128 + signum)) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stopped_by(code: object) -> signal.Signals | None:
+    """The stop signal a ``stop_signals_as_exit`` exit code stands for, else None."""
+    if isinstance(code, int) and code - 128 in {int(sig) for sig in STOP_SIGNALS}:
+        return signal.Signals(code - 128)
+    return None
+
+
+def exit_cause(code: object) -> str:
+    """What a ``SystemExit`` code says: ``SIGHUP (exit 129)`` for a stop signal, else ``exit N``."""
+    sig = stopped_by(code)
+    return f"exit {code}" if sig is None else f"{sig.name} (exit {code})"
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -50,12 +82,18 @@ def run_bounded(argv: Sequence[str], *, timeout_s: float,
                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str] | None:
     """Run ``argv`` to completion with its output captured as text; None when it ran past ``timeout_s``
     (its whole process group is then killed)."""
+    libc_prctl()  # loaded before the fork that runs die_with_parent
     child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=None if env is None else dict(env), start_new_session=True)
+                             env=None if env is None else dict(env), start_new_session=True,
+                             preexec_fn=die_with_parent)
     try:
         stdout, stderr = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         kill_group(child.pid)
         child.communicate()
         return None
+    except BaseException:  # a stop signal or ^C while waiting: the child goes with us
+        kill_group(child.pid)
+        child.wait()
+        raise
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)

@@ -72,7 +72,6 @@ def run(args: argparse.Namespace) -> int:
     specs = [*args.inject_fault, *([os.environ[FAULT_ENV]] if os.environ.get(FAULT_ENV) else [])]
     faults = [parse_fault(spec) for spec in specs]
 
-    from harness.run.torchrun import sigterm_as_exit
     from harness.run.progress import LiveProgress
     from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
@@ -84,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     launcher = Launcher(args.launcher, args.rdzv_endpoint, "python" if contained else sys.executable, tuple(args.srun_arg))
     check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
     ensure_dir(args.out)  # a read-only or file --out is one line before the progress table appears
-    with sigterm_as_exit(), LiveProgress(recipe.name, rows, recipe.train_iters) as progress:
+    with LiveProgress(recipe.name, rows, recipe.train_iters) as progress:  # stop signals: cli.main
         directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
                                        stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher,
                                        checked=True)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness.processes import kill_group
+from harness.processes import die_with_parent, kill_group, libc_prctl
 from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
 
@@ -46,7 +46,7 @@ class IsolatedProbe:
         self.row = row
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
-        # The child also ends itself past its whole budget, so a parent that dies never leaves it hanging.
+        # The child also ends itself past its whole budget (on machines without a parent-death signal).
         lifetime_s = startup_timeout_s + timeout_s + 30
         command = [sys.executable, "-m", "harness.probe.isolated_child", "--model", model, "--seed", str(seed),
                    "--fields", json.dumps(row.fields.as_dict()), "--lifetime", str(lifetime_s),
@@ -61,8 +61,11 @@ class IsolatedProbe:
         # stderr goes to a file: a chatty child must never block on a full pipe (a false "hang").
         self.stderr = tempfile.TemporaryFile(mode="w+")
         self.started = time.monotonic()
+        libc_prctl()  # loaded before the fork that runs die_with_parent
+        # Its own session, so a hang is killed with its group; and it dies with this process, so a parent
+        # killed outright (SIGKILL, the OOM killer) leaves no spinning deadlock behind for its lifetime.
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-                                        start_new_session=True, env=env)
+                                        start_new_session=True, env=env, preexec_fn=die_with_parent)
 
     def outcome(self) -> IsolatedOutcome:
         selector = selectors.DefaultSelector()

@@ -16,7 +16,6 @@ first launch.
 from __future__ import annotations
 
 import shlex
-import signal
 import sys
 import uuid
 from collections.abc import Sequence
@@ -27,12 +26,13 @@ from typing import Any, Protocol
 
 from harness.errors import UsageError
 from harness.files import ensure_dir, write_json_atomic
+from harness.processes import exit_cause
 from harness.record.io import write_record, write_sweep_plan
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
-from harness.run.torchrun import STOP_SIGNALS, LaunchResult, local_commands, run_row, slurm_command
+from harness.run.torchrun import LaunchResult, local_commands, run_row, slurm_command
 from harness.run.preflight import check_bridge_rows
 from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
 from harness.run.recipes import Recipe, check_packages
@@ -219,13 +219,6 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
 INTERRUPTED_MARKER = "INTERRUPTED.json"
 
 
-def _exit_cause(code: object) -> str:
-    """``sigterm_as_exit`` exits with 128 + the signal's number; any other exit is named as it is."""
-    if isinstance(code, int) and code - 128 in {int(sig) for sig in STOP_SIGNALS}:
-        return f"{signal.Signals(code - 128).name} (exit {code})"
-    return f"exit {code}"
-
-
 def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Path, directory: Path,
                         stop: BaseException, provenance: dict[str, Any]) -> None:
     """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and
@@ -233,7 +226,7 @@ def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Pa
     ranks = read_row(row_dir, recipe.world_size)
     unfinished = [rank for rank in ranks if not rank.done] or ranks
     behind = min(unfinished, key=lambda rank: rank.position)
-    why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else _exit_cause(stop.code)
+    why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else exit_cause(stop.code)
     outcome = Classification("interrupted", behind.iteration if behind.phase else None, behind.phase,
                              tuple(rank.rank for rank in unfinished),
                              f"runner stopped by {why} while the row ran; its process tree was stopped")

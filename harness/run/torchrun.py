@@ -12,7 +12,6 @@ on localhost) are several torchrun processes joined by a c10d rendezvous on 127.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
@@ -20,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,22 +127,6 @@ def _sweep(token: str) -> list[int]:
         except ProcessLookupError:
             pass
     return leftovers
-
-
-STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def sigterm_as_exit() -> Iterator[None]:
-    """Turn SIGTERM (``timeout``, slurm's time limit) and SIGHUP (a closed terminal) into ``SystemExit``
-    while rows run, so ``run_row`` stops the row's torchrun process groups (sessions of their own)
-    instead of leaving them behind, and the runner records the row as interrupted."""
-    previous = {sig: signal.signal(sig, lambda signum, frame: sys.exit(128 + signum)) for sig in STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def run_row(

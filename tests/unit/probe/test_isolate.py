@@ -1,8 +1,17 @@
-"""A probe that deadlocks is reported as a hang and its process group is killed; nothing waits on it."""
+"""A probe that deadlocks is reported as a hang and its process group is killed; nothing waits on it. A
+probe that is stopped (SIGTERM) or killed (SIGKILL) takes its isolated children with it."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
 
 from harness.config.fields import RecomputeFields
 from harness.probe.isolate import IsolatedProbe
@@ -24,3 +33,57 @@ def test_selective_mlp_with_biases_is_reported_as_hang():
     except ProcessLookupError:
         alive = False
     assert not alive
+
+
+MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
+
+
+def _isolated_children(marker: str) -> list[int]:
+    """Live processes of this test (its marker in their environment) running the isolated child."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and f"{MARKER_ENV}={marker}".encode() in (entry / "environ").read_bytes().split(b"\0")
+                    and b"harness.probe.isolated_child" in (entry / "cmdline").read_bytes()
+                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _wait_for(condition, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_stopped_probe_takes_its_isolated_child_with_it(sig):
+    # The child deadlocks (selective mlp with biases) and spins a core until its own lifetime (~5 min) ends:
+    # before the fix, a SIGTERMed or SIGKILLed `probe` left it running.
+    marker = uuid.uuid4().hex
+    # The deadlock probe is part of dense-tiny's full plan; its child starts before the in-process rows.
+    parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "probe", "--model", "dense-tiny", "--hang-timeout", "300"],
+                              env={**os.environ, MARKER_ENV: marker},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), parent.stderr.read()
+        assert _isolated_children(marker), "the probe never started its isolated child"
+        parent.send_signal(sig)
+        code = parent.wait(timeout=60)
+        if sig == signal.SIGTERM:  # unwound: its clean-up ran and it says why it stopped
+            assert code == 143 and parent.stderr.read().strip().splitlines()[-1] == \
+                "recompute-harness: stopped by SIGTERM (exit 143)"
+        # SIGKILL: the parent-death signal ends the child at once. Within 2 s, because a child of a dead parent
+        # would also die later of its own accord, of a broken pipe, once its ~4 s set-up printed READY.
+        assert _wait_for(lambda: not _isolated_children(marker), 10 if sig == signal.SIGTERM else 2), \
+            _isolated_children(marker)
+    finally:
+        parent.kill()
+        for pid in _isolated_children(marker):
+            os.kill(pid, signal.SIGKILL)

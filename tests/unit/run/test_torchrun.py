@@ -29,8 +29,8 @@ def _processes_with(marker: str) -> list[int]:
 def test_sigterm_to_the_runner_stops_the_launched_process_group(tmp_path):
     marker = uuid.uuid4().hex
     script = (
-        "import sys\nfrom pathlib import Path\nfrom harness.run.torchrun import run_row, sigterm_as_exit\n"
-        "with sigterm_as_exit():\n"
+        "import sys\nfrom pathlib import Path\nfrom harness.processes import stop_signals_as_exit\nfrom harness.run.torchrun import run_row\n"
+        "with stop_signals_as_exit():\n"
         f"    run_row(Path({str(tmp_path)!r}), [['sleep', '300']], world_size=1, timeout_s=300, stall_timeout_s=300)\n"
     )
     runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker})
