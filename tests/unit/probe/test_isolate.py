@@ -61,29 +61,49 @@ def _wait_for(condition, timeout_s: float) -> bool:
     return False
 
 
+def _watch(parent: subprocess.Popen, marker: str) -> None:
+    """Wait for ``parent``'s isolated child to start; fail with the parent's words if it never does."""
+    assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), "nothing started"
+    assert _isolated_children(marker), f"the isolated child never started: {parent.stderr.read()}"
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_a_stopped_probe_takes_its_isolated_child_with_it(sig):
+def test_a_sigtermed_probe_unwinds_and_takes_its_isolated_child_with_it():
     # The child deadlocks (selective mlp with biases) and spins a core until its own lifetime (~5 min) ends:
-    # before the fix, a SIGTERMed or SIGKILLed `probe` left it running.
+    # before the fix, a SIGTERMed `probe` left it running. The deadlock probe is part of dense-tiny's full
+    # plan; its child starts before the in-process rows.
     marker = uuid.uuid4().hex
-    # The deadlock probe is part of dense-tiny's full plan; its child starts before the in-process rows.
     parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "probe", "--model", "dense-tiny", "--hang-timeout", "300"],
-                              env={**os.environ, MARKER_ENV: marker},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              env={**os.environ, MARKER_ENV: marker}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
     try:
-        assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), parent.stderr.read()
-        assert _isolated_children(marker), "the probe never started its isolated child"
-        parent.send_signal(sig)
-        code = parent.wait(timeout=60)
-        if sig == signal.SIGTERM:  # unwound: its clean-up ran and it says why it stopped
-            assert code == 143 and parent.stderr.read().strip().splitlines()[-1] == \
-                "recompute-harness: stopped by SIGTERM (exit 143)"
-        # SIGKILL: the parent-death signal ends the child at once. Within 2 s, because a child of a dead parent
-        # would also die later of its own accord, of a broken pipe, once its ~4 s set-up printed READY.
-        assert _wait_for(lambda: not _isolated_children(marker), 10 if sig == signal.SIGTERM else 2), \
-            _isolated_children(marker)
+        _watch(parent, marker)
+        parent.send_signal(signal.SIGTERM)
+        assert parent.wait(timeout=60) == 143  # unwound: its clean-up ran, and it says why it stopped
+        assert parent.stderr.read().strip().splitlines()[-1] == "recompute-harness: stopped by SIGTERM (exit 143)"
+        assert _wait_for(lambda: not _isolated_children(marker), 10), _isolated_children(marker)
     finally:
         parent.kill()
+        for pid in _isolated_children(marker):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_sigkilled_parents_isolated_child_dies_with_it():
+    # A parent that only starts the child (no torch of its own) and is then SIGKILLed: no clean-up runs.
+    marker = uuid.uuid4().hex
+    script = ("import time\nfrom harness.config.fields import RecomputeFields\nfrom harness.probe.isolate import IsolatedProbe\n"
+              "from harness.probe.plan import ProbeRow\n"
+              "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300)\n"
+              "time.sleep(300)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _watch(parent, marker)
+        parent.kill()
+        parent.wait(timeout=10)
+        # The parent-death signal ends the child at once. Within 2 s, because an orphan would also die later
+        # of its own accord, of a broken pipe, once its ~4 s set-up printed READY.
+        assert _wait_for(lambda: not _isolated_children(marker), 2), _isolated_children(marker)
+    finally:
         for pid in _isolated_children(marker):
             os.kill(pid, signal.SIGKILL)
