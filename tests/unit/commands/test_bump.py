@@ -1,8 +1,7 @@
 """A Megatron Core bump, rehearsed for real: released megatron-core wheels overlaid next to the venv.
 
-Each overlay is ``pip install --no-deps --target`` of a small megatron-core wheel (torch is reused),
-cached outside the repository (``$RECOMPUTE_HARNESS_OVERLAYS`` or ``~/.cache/recompute-harness/
-overlays``), so reruns cost no download. The bump workflow (``ci/golden-refresh.sh --cpu-only``) runs
+Each overlay (``tests/support/overlays.py``) is ``pip install --no-deps --target`` of a small
+megatron-core wheel (torch is reused), cached outside the repository. The bump workflow (``ci/golden-refresh.sh --cpu-only``) runs
 in a temporary copy of the repository with the overlay first on ``PYTHONPATH``; the pinned goldens of
 the locked revision must come out byte for byte unchanged, and a second refresh must write nothing.
 
@@ -22,28 +21,11 @@ from pathlib import Path
 import pytest
 
 from harness.config.revisions import source_fingerprint
+from overlays import overlay
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[3]
-OVERLAYS = Path(os.environ.get("RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"))
-PIP_TIMEOUT_S = 300
-
-
-def overlay(version: str) -> Path:
-    """``megatron-core==version`` installed (once) into its own target directory."""
-    target = OVERLAYS / f"megatron-core-{version}"
-    if (target / f"megatron_core-{version}.dist-info").is_dir():
-        return target
-    staging = OVERLAYS / f".megatron-core-{version}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                           "--target", str(staging), f"megatron-core=={version}"],
-                          capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-    assert done.returncode == 0, f"cannot install the megatron-core {version} overlay:\n{done.stderr[-2000:]}"
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)  # a complete overlay or none: an interrupted install is redone
-    return target
 
 
 def copy_repo(tmp_path: Path) -> Path:
