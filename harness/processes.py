@@ -15,17 +15,36 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
 
 
+_stop_requested: int | None = None  # the stop signal received, once one is
+
+
+def _exit_for(signum: int, frame: object) -> None:
+    global _stop_requested
+    _stop_requested = signum
+    sys.exit(128 + signum)
+
+
 @contextlib.contextmanager
 def stop_signals_as_exit() -> Iterator[None]:
     """Turn SIGTERM (``timeout``, slurm's time limit, CI's cancel) and SIGHUP (a closed terminal) into
     ``SystemExit(128 + signal)``: their default action ends the process on the spot, with no ``finally``
     run, and a probe's isolated child or a row's torchrun would be left running."""
-    previous = {sig: signal.signal(sig, lambda signum, frame: sys.exit(128 + signum)) for sig in STOP_SIGNALS}
+    global _stop_requested
+    _stop_requested = None
+    previous = {sig: signal.signal(sig, _exit_for) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def exit_if_stopped() -> None:
+    """Raise a stop signal's exit again, at the head of each unit of work (a row, a wait on a child).
+    The first one can be swallowed: Megatron Core imports its optional fusions under a bare ``except:``,
+    and a SIGTERM that lands in such an import left the probe running on, then waiting on its child."""
+    if _stop_requested is not None:
+        sys.exit(128 + _stop_requested)
 
 
 def stopped_by(code: object) -> signal.Signals | None:
@@ -82,6 +101,7 @@ def run_bounded(argv: Sequence[str], *, timeout_s: float,
                 env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str] | None:
     """Run ``argv`` to completion with its output captured as text; None when it ran past ``timeout_s``
     (its whole process group is then killed)."""
+    exit_if_stopped()
     libc_prctl()  # loaded before the fork that runs die_with_parent
     child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=None if env is None else dict(env), start_new_session=True,

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness.processes import die_with_parent, kill_group, libc_prctl
+from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
 from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
 
@@ -74,6 +74,7 @@ class IsolatedProbe:
         ready_at: float | None = None
         payload = None
         while True:
+            exit_if_stopped()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()

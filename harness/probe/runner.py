@@ -22,6 +22,7 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
 from harness.models import StyleModel, build_model, style_model
 from harness.errors import EXIT_FAILED
+from harness.processes import exit_if_stopped
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, ProbeRow, plan_rows
@@ -232,6 +233,7 @@ def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, siz
         base = baseline(style.name, seed=seed, **sizes)
     results = []
     for row in rows:
+        exit_if_stopped()
         with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
             results.append(measure_row(style.name, row, base, seed=seed, **sizes))
     return ModelProbe(style.name, style.description, sizes.get("seq_length", style.seq_length),

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from harness.errors import UsageError
 from harness.files import ensure_dir, write_json_atomic
-from harness.processes import exit_cause
+from harness.processes import exit_cause, exit_if_stopped
 from harness.record.io import write_record, write_sweep_plan
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
@@ -168,6 +168,7 @@ def run_sweep(
     results: list[RowResult] = []
     control: Classification | None = None
     for row in chosen:
+        exit_if_stopped()
         result = run_one_row(recipe, row, directory, fault=next((f for f in faults if f.applies_to(row)), None),
                              timeout_s=timeout_s, stall_timeout_s=stall_timeout_s, control=control, progress=progress,
                              launcher=launcher)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.processes import die_with_parent, kill_group, libc_prctl
+from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -155,6 +155,7 @@ def run_row(
                 procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
                                               start_new_session=True, preexec_fn=die_with_parent))
         while any(proc.poll() is None for proc in procs):
+            exit_if_stopped()
             time.sleep(POLL_S)
             elapsed = time.monotonic() - started
             ranks = read_row(row_dir, world_size)
