@@ -92,21 +92,33 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
-    """The records' place, the analysis against the control and its plot: markdown, or one JSON object."""
+    """The records' place, the analysis against the control and its plot: markdown, or one JSON object.
+    The report comes first: the records are the sweep's product, and a plot that cannot be drawn (only
+    the control measured) or written (a disk that filled as the sweep ended) must not hide them."""
     from harness.compare.analysis import analyse
     from harness.report.json_report import analysis_json, dumps
     from harness.report.markdown import analysis_markdown, emit
-    from harness.report.plot import plot_analysis
+    from harness.report.plot import nothing_to_plot, plot_analysis
 
     analysis = analyse([result.record for result in results])
-    plot = directory / "analysis.png"
-    plot_analysis(analysis, plot)
+    plot: Path | None = directory / "analysis.png"
+    why_not = nothing_to_plot(analysis)
+    unwritten: UsageError | None = None
+    if why_not is None:
+        try:
+            plot_analysis(analysis, plot)
+        except UsageError as exc:
+            unwritten, why_not = exc, "could not be written"
+    if why_not is not None:
+        plot = None
     if as_json:
-        print(dumps({"records": str(directory / "records"), "plot": str(plot),
+        print(dumps({"records": str(directory / "records"), "plot": None if plot is None else str(plot),
                      "rows": [{"row": result.row, "status": result.outcome.status, "record": str(result.record_path)}
                               for result in results],
                      "analysis": analysis_json(analysis)}))
-        return
-    print(f"records: {directory / 'records'}")
-    emit(analysis_markdown(analysis))
-    print(f"plot: {plot}")
+    else:
+        print(f"records: {directory / 'records'}")
+        emit(analysis_markdown(analysis))
+        print(f"plot: {plot}" if plot is not None else f"plot: none ({why_not})")
+    if unwritten is not None:
+        raise unwritten

@@ -5,6 +5,7 @@ localhost. Fault-injection runs live in test_faults.py."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 
@@ -12,6 +13,7 @@ import pytest
 
 from harness.compare.analysis import analyse
 from harness.compare.comparator import compare_records
+from harness.errors import UsageError
 from harness.record.golden import golden_from_records
 from harness.record.io import load_records
 from harness.run.torchrun import processes_with_token
@@ -70,6 +72,22 @@ def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
     regressed = copy.deepcopy(records[1])
     regressed.run_metrics.nan_iterations = 1
     assert not compare_records(golden, [records[0], regressed], "golden.json").passed
+
+
+def test_the_report_comes_first_when_its_plot_cannot_be_drawn_or_written(ep2_sweep, tmp_path, capsys):
+    from harness.commands.run import _report
+
+    _, _, results, _ = ep2_sweep
+    (tmp_path / "analysis.png").mkdir()  # a write that fails, as on a disk that filled as the sweep ended
+    with pytest.raises(UsageError, match="is a directory"):
+        _report(tmp_path, results, as_json=False)
+    out = capsys.readouterr().out
+    assert out.startswith(f"records: {tmp_path / 'records'}\n") and "| mla_up_proj |" in out
+    assert out.rstrip().endswith("plot: none (could not be written)")
+    _report(tmp_path / "control-only", results[:1], as_json=True)  # nothing to compare the control with
+    report = json.loads(capsys.readouterr().out)
+    assert report["plot"] is None and [row["row"] for row in report["rows"]] == ["[]"]
+    assert not (tmp_path / "control-only").exists()
 
 
 def test_two_node_rendezvous_on_localhost(tmp_path):
