@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
 
@@ -58,6 +59,22 @@ def exit_cause(code: object) -> str:
     """What a ``SystemExit`` code says: ``SIGHUP (exit 129)`` for a stop signal, else ``exit N``."""
     sig = stopped_by(code)
     return f"exit {code}" if sig is None else f"{sig.name} (exit {code})"
+
+
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of this user's live processes (not this one) whose environment sets ``name=value`` (Linux
+    /proc; a zombie's environment reads empty)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if entry.stat().st_uid == os.getuid() and needle in (entry / "environ").read_bytes().split(b"\0"):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:

@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.files import write_json_atomic
-
-from harness.errors import EXIT_FAILED, EXIT_OK
+from harness.record.io import read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     data = result.as_dict()
     target = Path(args.out) if args.out else golden_path(result, args.golden_dir) if args.write_golden else None
     # A golden re-run that measured the same bytes leaves the file alone: only its provenance would differ.
-    unchanged = args.write_golden and target.is_file() and _without_provenance(target.read_text()) == \
+    unchanged = args.write_golden and target.is_file() and _without_provenance(target) == \
         {key: value for key, value in data.items() if key != "provenance"}
     if target is not None and not unchanged:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -63,9 +63,10 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _without_provenance(text: str) -> dict[str, object] | None:
+def _without_provenance(path: Path) -> dict[str, object] | None:
+    """The golden on disk without its provenance; None when it is not readable as one (it is then rewritten)."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+        data = read_json(path)
+    except UsageError:
         return None
     return {key: value for key, value in data.items() if key != "provenance"} if isinstance(data, dict) else None

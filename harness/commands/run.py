@@ -101,16 +101,15 @@ def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
     from harness.report.plot import nothing_to_plot, plot_analysis
 
     analysis = analyse([result.record for result in results])
-    plot: Path | None = directory / "analysis.png"
-    why_not = nothing_to_plot(analysis)
+    plot: Path | None = None
     unwritten: UsageError | None = None
+    why_not = nothing_to_plot(analysis)
     if why_not is None:
         try:
-            plot_analysis(analysis, plot)
+            plot_analysis(analysis, directory / "analysis.png")
+            plot = directory / "analysis.png"
         except UsageError as exc:
             unwritten, why_not = exc, "could not be written"
-    if why_not is not None:
-        plot = None
     if as_json:
         print(dumps({"records": str(directory / "records"), "plot": None if plot is None else str(plot),
                      "rows": [{"row": result.row, "status": result.outcome.status, "record": str(result.record_path)}

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
+from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl, processes_with_env
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -91,18 +91,8 @@ def slurm_command(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str,
 
 
 def processes_with_token(token: str) -> list[int]:
-    """Pids of this user's processes whose environment carries ``token`` (Linux /proc)."""
-    needle = f"{JOB_TOKEN_ENV}={token}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if entry.stat().st_uid == os.getuid() and needle in (entry / "environ").read_bytes().split(b"\0"):
-                found.append(int(entry.name))
-        except OSError:
-            continue
-    return found
+    """Pids of this user's processes whose environment carries the row's job ``token``."""
+    return processes_with_env(JOB_TOKEN_ENV, token)
 
 
 def _stop(procs: list[subprocess.Popen], token: str, grace_s: float = TERM_GRACE_S) -> list[int]:

@@ -3,6 +3,7 @@ probe that is stopped (SIGTERM) or killed (SIGKILL) takes its isolated children 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from harness.config.fields import RecomputeFields
 from harness.probe.isolate import IsolatedProbe
 from harness.probe.plan import ProbeRow
+from harness.processes import processes_with_env
 
 
 def test_selective_mlp_with_biases_is_reported_as_hang():
@@ -41,14 +43,10 @@ MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
 def _isolated_children(marker: str) -> list[int]:
     """Live processes of this test (its marker in their environment) running the isolated child."""
     found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry.name.isdigit() and f"{MARKER_ENV}={marker}".encode() in (entry / "environ").read_bytes().split(b"\0")
-                    and b"harness.probe.isolated_child" in (entry / "cmdline").read_bytes()
-                    and (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")):
-                found.append(int(entry.name))
-        except OSError:
-            continue
+    for pid in processes_with_env(MARKER_ENV, marker):
+        with contextlib.suppress(OSError):
+            if b"harness.probe.isolated_child" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
     return found
 
 

@@ -8,22 +8,10 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
+
+from harness.processes import processes_with_env
 
 MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
-
-
-def _processes_with(marker: str) -> list[int]:
-    needle = f"{MARKER_ENV}={marker}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 def test_sigterm_to_the_runner_stops_the_launched_process_group(tmp_path):
@@ -36,12 +24,12 @@ def test_sigterm_to_the_runner_stops_the_launched_process_group(tmp_path):
     runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker})
     try:
         deadline = time.monotonic() + 30
-        while len(_processes_with(marker)) < 2 and time.monotonic() < deadline:  # the runner and its `sleep`
+        while len(processes_with_env(MARKER_ENV, marker)) < 2 and time.monotonic() < deadline:  # the runner and its `sleep`
             time.sleep(0.1)
-        assert len(_processes_with(marker)) == 2
+        assert len(processes_with_env(MARKER_ENV, marker)) == 2
         runner.send_signal(signal.SIGTERM)
         assert runner.wait(timeout=30) == 128 + signal.SIGTERM
-        assert _processes_with(marker) == []
+        assert processes_with_env(MARKER_ENV, marker) == []
     finally:
-        for pid in _processes_with(marker):
+        for pid in processes_with_env(MARKER_ENV, marker):
             os.kill(pid, signal.SIGKILL)
