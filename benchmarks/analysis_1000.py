@@ -20,11 +20,27 @@ from pathlib import Path
 from harness.compare.analysis import analyse
 from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
-from harness.record.build import hardware, iteration_row, new_record, outcome, parallelism, rank_peaks, run_metrics, workload
+from harness.record.build import (
+    hardware,
+    iteration_row,
+    new_record,
+    outcome,
+    parallelism,
+    rank_peaks,
+    run_metrics,
+    workload,
+)
 from harness.record.io import load_records, write_record
 
-REVISIONS = {"torch": "2.14.1", "megatron_core": {"version": "0.19.2", "commit": None, "fingerprint": "0" * 16},
-             "megatron_bridge": None, "transformer_engine": None, "cuda": None, "driver": None, "python": "3.12"}
+REVISIONS = {
+    "torch": "2.14.1",
+    "megatron_core": {"version": "0.19.2", "commit": None, "fingerprint": "0" * 16},
+    "megatron_bridge": None,
+    "transformer_engine": None,
+    "cuda": None,
+    "driver": None,
+    "python": "3.12",
+}
 TARGET_S = 2.0
 
 
@@ -39,15 +55,40 @@ def recompute_rows() -> Iterator[RecomputeFields]:
 
 def make_records(directory: Path, count: int) -> None:
     for i, fields in enumerate(itertools.islice(recompute_rows(), count)):
-        rows = [iteration_row(it, step_time_ms=400.0 + i % 97, loss=2.0, tflops_per_gpu=80.0) for it in range(1, 21)]
-        ranks = [rank_peaks(r, {it: (30_000_000_000 - i * 1_000_000 + r, 32_000_000_000) for it in range(1, 21)}) for r in range(8)]
-        write_record(directory / f"r{i:04d}.json", new_record(
-            "run", record_id=f"bench/{i}", revisions=REVISIONS, hardware=hardware("H100_80GB", 8, host="bench"),
-            workload=workload(recipe="bench", model="bench", backend="mcore", seq_length=4096, micro_batch_size=1,
-                              global_batch_size=4, precision="bf16", attention_backend="fused", train_iters=20,
-                              parallelism=parallelism(tp=2, ep=8, dp=4)),
-            recompute=fields, metrics=run_metrics(rows, ranks, (11, 20)), outcome=outcome("completed", iteration=20),
-        ))
+        rows = [
+            iteration_row(it, step_time_ms=400.0 + i % 97, loss=2.0, tflops_per_gpu=80.0)
+            for it in range(1, 21)
+        ]
+        ranks = [
+            rank_peaks(
+                r, {it: (30_000_000_000 - i * 1_000_000 + r, 32_000_000_000) for it in range(1, 21)}
+            )
+            for r in range(8)
+        ]
+        write_record(
+            directory / f"r{i:04d}.json",
+            new_record(
+                "run",
+                record_id=f"bench/{i}",
+                revisions=REVISIONS,
+                hardware=hardware("H100_80GB", 8, host="bench"),
+                workload=workload(
+                    recipe="bench",
+                    model="bench",
+                    backend="mcore",
+                    seq_length=4096,
+                    micro_batch_size=1,
+                    global_batch_size=4,
+                    precision="bf16",
+                    attention_backend="fused",
+                    train_iters=20,
+                    parallelism=parallelism(tp=2, ep=8, dp=4),
+                ),
+                recompute=fields,
+                metrics=run_metrics(rows, ranks, (11, 20)),
+                outcome=outcome("completed", iteration=20),
+            ),
+        )
 
 
 def main() -> int:
@@ -61,8 +102,10 @@ def main() -> int:
         loaded = time.perf_counter()
         analysis = analyse(records)
         done = time.perf_counter()
-    print(f"{len(records)} records: load+validate {loaded - start:.3f} s, analyse {done - loaded:.3f} s, "
-          f"total {done - start:.3f} s (target <= {TARGET_S} s); {sum(r.rank is not None for r in analysis.rows)} ranked")
+    print(
+        f"{len(records)} records: load+validate {loaded - start:.3f} s, analyse {done - loaded:.3f} s, "
+        f"total {done - start:.3f} s (target <= {TARGET_S} s); {sum(r.rank is not None for r in analysis.rows)} ranked"
+    )
     return 0 if done - start <= TARGET_S else 1
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "commands"))
-from test_bump import copy_repo, overlay, refresh  # noqa: E402  (the rehearsal's own helpers)
+from test_bump import copy_repo, overlay, refresh
 
 
 def main() -> None:
@@ -33,9 +33,14 @@ def main() -> None:
                 started = time.monotonic()
                 done = refresh(repo, mcore)
                 total = time.monotonic() - started
-                steps = next((line for line in done.stdout.splitlines() if line.startswith("wall time:")), "?")
-                print(f"megatron-core {version} ({attempt} refresh, exit {done.returncode}): {total:.1f} s; "
-                      f"overlay {installed:.1f} s; {steps}")
+                steps = next(
+                    (line for line in done.stdout.splitlines() if line.startswith("wall time:")),
+                    "?",
+                )
+                print(
+                    f"megatron-core {version} ({attempt} refresh, exit {done.returncode}): {total:.1f} s; "
+                    f"overlay {installed:.1f} s; {steps}"
+                )
                 installed = 0.0
 
 

@@ -46,9 +46,11 @@ def main() -> int:
         with_carried.append(_timed(True))
     on, off = min(with_carried), min(without)
     overhead = on / off - 1
-    print(f"probe matrix (in-process rows): {off:.1f} s without the carried measurement, {on:.1f} s with it: "
-          f"{overhead * 100:+.1f} % (target <= {TARGET * 100:.0f} %: {'PASS' if overhead <= TARGET else 'FAIL'}); "
-          f"best of {args.repeats}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"probe matrix (in-process rows): {off:.1f} s without the carried measurement, {on:.1f} s with it: "
+        f"{overhead * 100:+.1f} % (target <= {TARGET * 100:.0f} %: {'PASS' if overhead <= TARGET else 'FAIL'}); "
+        f"best of {args.repeats}; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     return 0 if overhead <= TARGET else 1
 
 

@@ -34,13 +34,19 @@ def main() -> int:
         records_dir, golden_path = Path(tmp) / "records", Path(tmp) / "golden.json"
         records_dir.mkdir()
         make_records(records_dir, args.rows)
-        write_golden(golden_path, golden_from_records(load_records([records_dir]), {"source": "benchmark"}))
+        write_golden(
+            golden_path, golden_from_records(load_records([records_dir]), {"source": "benchmark"})
+        )
         start = time.perf_counter()
-        comparison = compare_records(load_golden(golden_path), load_records([records_dir]), str(golden_path))
+        comparison = compare_records(
+            load_golden(golden_path), load_records([records_dir]), str(golden_path)
+        )
         comparison_markdown(comparison)
         elapsed = time.perf_counter() - start
-    print(f"{args.rows} rows, {len(comparison.checks)} checks ({'pass' if comparison.passed else 'FAIL'}): "
-          f"{elapsed:.3f} s (target < {TARGET_S} s)")
+    print(
+        f"{args.rows} rows, {len(comparison.checks)} checks ({'pass' if comparison.passed else 'FAIL'}): "
+        f"{elapsed:.3f} s (target < {TARGET_S} s)"
+    )
     return 0 if elapsed < TARGET_S and comparison.passed else 1
 
 

@@ -35,14 +35,32 @@ def main() -> None:
             for result in results:
                 ranks = read_row(result.row_dir, recipe.world_size)
                 spec_written = (result.row_dir / SPEC_FILE).stat().st_mtime
-                start_events = [json.loads(line)["t"] for rank in range(recipe.world_size)
-                                for line in events_path(result.row_dir, rank).read_text().splitlines()[:1]]
-                rows.append({
-                    "row": result.row, "status": result.outcome.status, "wall_s": round(result.launch.elapsed_s, 2),
-                    "launch_to_first_report_s": round(max(start_events) - spec_written, 2),
-                    "build_and_train_s": round(max(r.last_time for r in ranks) - max(start_events), 2),
-                })
-            print(json.dumps({"attempt": attempt + 1, "recipe": recipe.name, "total_s": round(total, 2), "rows": rows}))
+                start_events = [
+                    json.loads(line)["t"]
+                    for rank in range(recipe.world_size)
+                    for line in events_path(result.row_dir, rank).read_text().splitlines()[:1]
+                ]
+                rows.append(
+                    {
+                        "row": result.row,
+                        "status": result.outcome.status,
+                        "wall_s": round(result.launch.elapsed_s, 2),
+                        "launch_to_first_report_s": round(max(start_events) - spec_written, 2),
+                        "build_and_train_s": round(
+                            max(r.last_time for r in ranks) - max(start_events), 2
+                        ),
+                    }
+                )
+            print(
+                json.dumps(
+                    {
+                        "attempt": attempt + 1,
+                        "recipe": recipe.name,
+                        "total_s": round(total, 2),
+                        "rows": rows,
+                    }
+                )
+            )
 
 
 if __name__ == "__main__":

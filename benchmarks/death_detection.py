@@ -31,11 +31,16 @@ def measure(recipe_name: str, kind: str) -> tuple[float, str]:
     recipe = load_recipe(recipe_name)
     fault = parse_fault(f"{kind}:iteration=2,phase=forward,rank=1")
     with tempfile.TemporaryDirectory() as out:
-        _, (result,) = run_sweep(recipe, Path(out), rows=[], faults=[fault], stall_timeout_s=STALL_S)
+        _, (result,) = run_sweep(
+            recipe, Path(out), rows=[], faults=[fault], stall_timeout_s=STALL_S
+        )
         classified = time.time()
         died = read_row(result.row_dir, recipe.world_size)[fault.rank].last_time
         outcome = result.outcome
-        return classified - died, f"{outcome.status} ranks={list(outcome.ranks)} stopped={result.launch.stopped}: {outcome.message}"
+        return (
+            classified - died,
+            f"{outcome.status} ranks={list(outcome.ranks)} stopped={result.launch.stopped}: {outcome.message}",
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         seconds, verdict = measure(args.recipe, kind)
         worst = max(worst, seconds)
         print(f"{kind:5} detected and stopped {seconds:5.2f} s after the rank died  [{verdict}]")
-    print(f"worst {worst:.2f} s (target <= {TARGET_S:g} s): {'OK' if worst <= TARGET_S else 'TOO SLOW'}")
+    print(
+        f"worst {worst:.2f} s (target <= {TARGET_S:g} s): {'OK' if worst <= TARGET_S else 'TOO SLOW'}"
+    )
     return 0 if worst <= TARGET_S else 1
 
 

@@ -59,8 +59,12 @@ def main() -> int:
     differential = max(rate for rate, _ in runs)
     ratio = differential / raw
     print(f"raw validator:             {raw:>9,.0f} configs/s")
-    print(f"oracle + validator (diff): {differential:>9,.0f} configs/s  ({runs[0][1]} disagreements)")
-    print(f"ratio: {ratio:.0%} of raw (target >= {TARGET_RATIO:.0%}) over {args.count} configs, best of {args.repeat}")
+    print(
+        f"oracle + validator (diff): {differential:>9,.0f} configs/s  ({runs[0][1]} disagreements)"
+    )
+    print(
+        f"ratio: {ratio:.0%} of raw (target >= {TARGET_RATIO:.0%}) over {args.count} configs, best of {args.repeat}"
+    )
     return 0 if ratio >= TARGET_RATIO else 1
 
 

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 TARGET_S = 60.0
-TARGET_BYTES = 8 * 1024 ** 3
+TARGET_BYTES = 8 * 1024**3
 RECIPE = "moonlight-full-8gpu"
 
 
@@ -50,8 +50,12 @@ def _tree_rss(root: int) -> int:
 
 def main() -> int:
     start = time.monotonic()
-    child = subprocess.Popen([sys.executable, "-m", "harness.cli", "estimate", "--recipe", RECIPE],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "estimate", "--recipe", RECIPE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     peak = 0
     done = threading.Event()
 
@@ -73,9 +77,11 @@ def main() -> int:
         return 1
     load = os.getloadavg()
     ok = elapsed <= TARGET_S and peak <= TARGET_BYTES
-    print(f"estimate {RECIPE}: {elapsed:.1f} s wall (target {TARGET_S:.0f} s), peak tree RSS "
-          f"{peak / 1024 ** 3:.2f} GiB (target {TARGET_BYTES / 1024 ** 3:.0f} GiB): {'PASS' if ok else 'FAIL'}; "
-          f"load average {load[0]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"estimate {RECIPE}: {elapsed:.1f} s wall (target {TARGET_S:.0f} s), peak tree RSS "
+        f"{peak / 1024**3:.2f} GiB (target {TARGET_BYTES / 1024**3:.0f} GiB): {'PASS' if ok else 'FAIL'}; "
+        f"load average {load[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     return 0 if ok else 1
 
 

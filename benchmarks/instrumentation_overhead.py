@@ -45,8 +45,15 @@ class BareInstrument:
 def _world_of_one() -> None:
     from harness.run.torchrun import free_port
 
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(free_port())})
+    os.environ.update(
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
 
 
 def _sync(device: str) -> None:
@@ -58,9 +65,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="mcore-moonlight-1gpu")
     parser.add_argument("--row", default="[]")
-    parser.add_argument("--cpu", action="store_true", help="run on CPU (world of one; mechanics only)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="run on CPU (world of one; mechanics only)"
+    )
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--blocks", type=int, default=6, help="pairs of blocks (instrumented, bare)")
+    parser.add_argument(
+        "--blocks", type=int, default=6, help="pairs of blocks (instrumented, bare)"
+    )
     parser.add_argument("--block-iters", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
@@ -70,8 +81,13 @@ def main() -> None:
     from harness.run.recipes import load_recipe
 
     base = load_recipe(args.recipe)
-    recipe = dataclasses.replace(base, device="cpu" if args.cpu else "cuda", nnodes=1, nproc_per_node=1,
-                                 parallelism=dataclasses.replace(base.parallelism, ep=1))
+    recipe = dataclasses.replace(
+        base,
+        device="cpu" if args.cpu else "cuda",
+        nnodes=1,
+        nproc_per_node=1,
+        parallelism=dataclasses.replace(base.parallelism, ep=1),
+    )
     if not args.cpu:
         _world_of_one()
     device = recipe.device
@@ -100,14 +116,21 @@ def main() -> None:
     instrumented_ms = statistics.median(arms["instrumented"])
     paired = [(i - b) / b * 100.0 for i, b in zip(arms["instrumented"], arms["bare"])]
     result = {
-        "recipe": args.recipe, "row": args.row, "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-        "bare_step_ms_median": bare_ms, "instrumented_step_ms_median": instrumented_ms,
-        "overhead_pct_median_of_pairs": statistics.median(paired), "overhead_pct_pairs": paired,
-        "blocks": args.blocks, "block_iters": args.block_iters,
+        "recipe": args.recipe,
+        "row": args.row,
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "bare_step_ms_median": bare_ms,
+        "instrumented_step_ms_median": instrumented_ms,
+        "overhead_pct_median_of_pairs": statistics.median(paired),
+        "overhead_pct_pairs": paired,
+        "blocks": args.blocks,
+        "block_iters": args.block_iters,
     }
     print(json.dumps(result, indent=2))
     if device == "cpu":
-        print("note: CPU figure (world of one, CPU adapter); the <= 1% target is for GPU step times")
+        print(
+            "note: CPU figure (world of one, CPU adapter); the <= 1% target is for GPU step times"
+        )
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     torch.distributed.destroy_process_group()

@@ -33,12 +33,20 @@ print(json.dumps({{"torch_s": torch_s, "total_s": time.perf_counter() - start,
 def measure(defer: bool, repeat: int) -> dict[str, object]:
     runs = []
     for _ in range(repeat):
-        done = subprocess.run([sys.executable, "-c", CHILD.format(defer=defer)], capture_output=True, text=True,
-                              timeout=300, check=True)
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD.format(defer=defer)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return {"total_s": statistics.median(run["total_s"] for run in runs),
-            "mcore_s": statistics.median(run["total_s"] - run["torch_s"] for run in runs),
-            "dynamo": runs[0]["dynamo"], "inductor": runs[0]["inductor"]}
+    return {
+        "total_s": statistics.median(run["total_s"] for run in runs),
+        "mcore_s": statistics.median(run["total_s"] - run["torch_s"] for run in runs),
+        "dynamo": runs[0]["dynamo"],
+        "inductor": runs[0]["inductor"],
+    }
 
 
 def main() -> int:
@@ -47,9 +55,11 @@ def main() -> int:
     args = parser.parse_args()
     for defer in (False, True):
         result = measure(defer, args.repeat)
-        print(f"{'deferred' if defer else 'upstream':<9} import torch + MCore {result['total_s']:.2f} s "
-              f"(MCore {result['mcore_s']:.2f} s), dynamo imported: {result['dynamo']}, "
-              f"inductor imported: {result['inductor']}")
+        print(
+            f"{'deferred' if defer else 'upstream':<9} import torch + MCore {result['total_s']:.2f} s "
+            f"(MCore {result['mcore_s']:.2f} s), dynamo imported: {result['dynamo']}, "
+            f"inductor imported: {result['inductor']}"
+        )
     return 0
 
 

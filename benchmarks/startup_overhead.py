@@ -36,15 +36,29 @@ def main() -> None:
     args = parser.parse_args()
     bare = median_s(["true"], args.repeat, ROOT)
     wrapped = median_s([str(ROOT / "venv-run"), "true"], args.repeat, ROOT)
-    print(f"./venv-run overhead: {wrapped - bare:.3f} s (venv-run true {wrapped:.3f} s, true {bare:.3f} s; target <= 0.3 s)")
+    print(
+        f"./venv-run overhead: {wrapped - bare:.3f} s (venv-run true {wrapped:.3f} s, true {bare:.3f} s; target <= 0.3 s)"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         project = Path(tmp)
         (project / "test_one.py").write_text("def test_one():\n    assert True\n")
-        pytest = [sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "--rootdir", tmp]
+        pytest = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--collect-only",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            tmp,
+        ]
         without = median_s([*pytest, "-p", "no:harness.pytest_plugin"], args.repeat, project)
         with_plugin = median_s([*pytest, "-p", "harness.pytest_plugin"], args.repeat, project)
-    print(f"pytest plugin start-up overhead: {with_plugin - without:.3f} s "
-          f"(with {with_plugin:.3f} s, without {without:.3f} s; target <= 1 s)")
+    print(
+        f"pytest plugin start-up overhead: {with_plugin - without:.3f} s "
+        f"(with {with_plugin:.3f} s, without {without:.3f} s; target <= 1 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -56,14 +56,18 @@ def missing(wheels: Path, cpu: bool) -> list[str]:
     if torch_version is None:
         problems.append("torch (not installed)")
     elif torch_pin is not None and release(torch_version) < release(torch_pin[1]):
-        problems.append(f"torch>={torch_pin[1]} (pyproject: torch{''.join(torch_pin)}; found {torch_version})")
+        problems.append(
+            f"torch>={torch_pin[1]} (pyproject: torch{''.join(torch_pin)}; found {torch_version})"
+        )
     for name in CARRIED:
         pin = requirement(name)
         have = installed(name)
         if have is not None and (pin is None or pin[0] != "==" or release(have) == release(pin[1])):
             continue
         stem = name.replace("-", "_")
-        pattern = f"{stem}-{pin[1]}-*.whl" if pin is not None and pin[0] == "==" else f"{stem}-*.whl"
+        pattern = (
+            f"{stem}-{pin[1]}-*.whl" if pin is not None and pin[0] == "==" else f"{stem}-*.whl"
+        )
         if not list(wheels.glob(pattern)):
             found = f"installed {have}" if have else "not installed"
             problems.append(f"{name}{''.join(pin or ())} ({found}, no {wheels}/{pattern})")
@@ -73,7 +77,7 @@ def missing(wheels: Path, cpu: bool) -> list[str]:
 
             if not torch.cuda.is_available():
                 problems.append("a CUDA GPU (torch.cuda.is_available() is False)")
-        except Exception as exc:  # a torch that cannot load its CUDA libraries
+        except Exception as exc:  # a torch that cannot load its CUDA libraries  # noqa: BLE001
             problems.append(f"an importable torch ({type(exc).__name__}: {exc})".splitlines()[0])
     share_storage = "for Megatron Core's share_storage_ext (mla_up_proj)"
     if not (shutil.which("g++") or shutil.which("c++")):

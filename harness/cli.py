@@ -21,17 +21,32 @@ from harness.processes import exit_cause, stop_signals_as_exit, stopped_by
 
 # subcommand -> (module under harness.commands, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "revisions": ("revisions", "report torch / Megatron Core / Bridge / TE versions and the source fingerprint"),
+    "revisions": (
+        "revisions",
+        "report torch / Megatron Core / Bridge / TE versions and the source fingerprint",
+    ),
     "labels": ("labels", "list the recompute labels the installed Megatron Core validator accepts"),
     "validate": ("validate", "validate recompute fields against the real TransformerConfig"),
-    "matrix": ("matrix", "print the compatibility matrix, or --check it against the real validator"),
-    "probe": ("probe", "measure what each recompute label does on real Megatron Core layers, on CPU"),
-    "estimate": ("estimate", "per-rank retained bytes of each row of a GPU recipe, measured on CPU MCore layers"),
+    "matrix": (
+        "matrix",
+        "print the compatibility matrix, or --check it against the real validator",
+    ),
+    "probe": (
+        "probe",
+        "measure what each recompute label does on real Megatron Core layers, on CPU",
+    ),
+    "estimate": (
+        "estimate",
+        "per-rank retained bytes of each row of a GPU recipe, measured on CPU MCore layers",
+    ),
     "compare": ("compare", "compare run records with a golden"),
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),
     "golden": ("golden", "refresh goldens from fresh run records"),
-    "bump": ("bump", "after a Megatron Core bump: label diff, matrix drift, CPU goldens (one process)"),
+    "bump": (
+        "bump",
+        "after a Megatron Core bump: label diff, matrix drift, CPU goldens (one process)",
+    ),
     "run": ("run", "run a recipe sweep with torchrun and write run records"),
     "launch": ("launch", "write a multi-node launch script (slurm)"),
 }
@@ -45,8 +60,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = _Parser(prog="recompute-harness", description=__doc__.splitlines()[0],
-                     epilog="Run `recompute-harness COMMAND --help` for a command's options; docs/ has the guides.")
+    parser = _Parser(
+        prog="recompute-harness",
+        description=__doc__.splitlines()[0],
+        epilog="Run `recompute-harness COMMAND --help` for a command's options; docs/ has the guides.",
+    )
     parser.add_argument("--version", action="version", version=f"recompute-harness {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
@@ -75,7 +93,7 @@ class _ClosedPipeTolerant:
     """stdout that, once its reader has gone (``| head -1``), drops the rest: a reader that stopped
     reading is not a failure, so the command finishes and exits as if its output had been read."""
 
-    def __init__(self, stream: "object") -> None:
+    def __init__(self, stream: object) -> None:
         self._stream = stream
         self.reader_gone = False
 
@@ -119,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     defer_compile_before_megatron_core()  # CPU adapter part 4; imports nothing now
     silence_known_noise()
-    for stream in (sys.stdout, sys.stderr):  # a path the terminal cannot encode is shown escaped, not fatal
+    for stream in (
+        sys.stdout,
+        sys.stderr,
+    ):  # a path the terminal cannot encode is shown escaped, not fatal
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, _ClosedPipeTolerant):
@@ -128,14 +149,19 @@ def main(argv: list[str] | None = None) -> int:
         refuse_optimized_python()
         _check_step_summary()
         args = build_parser(argv).parse_args(argv)
-        with stop_signals_as_exit():  # so every command's clean-up runs (isolated children, torchrun jobs)
+        with (
+            stop_signals_as_exit()
+        ):  # so every command's clean-up runs (isolated children, torchrun jobs)
             code = int(_command_module(SUBCOMMANDS[args.command][0]).run(args))
         sys.stdout.flush()
         return code
     except UsageError as exc:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (OSError, UnicodeError) as exc:  # a write the checks could not foresee (disk full mid-write)
+    except (
+        OSError,
+        UnicodeError,
+    ) as exc:  # a write the checks could not foresee (disk full mid-write)
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -65,7 +65,9 @@ def ensure_dir(directory: Path) -> Path:
     except FileExistsError:
         raise UsageError(f"{directory}: exists and is not a directory") from None
     except (OSError, UnicodeError) as exc:
-        raise UsageError(f"{directory}: cannot create directory: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        raise UsageError(
+            f"{directory}: cannot create directory: {exc.strerror if isinstance(exc, OSError) else exc}"
+        ) from None
     if not os.access(directory, os.W_OK | os.X_OK):
         raise UsageError(f"{directory}: directory is not writable")
     return directory
@@ -82,7 +84,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
     try:
         fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), suffix=".tmp", dir=path.parent)
         os.close(fd)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the file should get the usual permissions
+        os.chmod(
+            tmp, 0o666 & ~_umask()
+        )  # mkstemp makes 0600; the file should get the usual permissions
     except OSError as exc:
         raise UsageError(f"{path}: cannot write: {exc.strerror}") from None
     try:
@@ -143,12 +147,16 @@ def check_output(path: Path, force: bool, is_own: Callable[[bytes], bool], what:
         return
     try:
         with open(path, "rb") as handle:
-            head = handle.read(HEAD_BYTES) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+            head = (
+                handle.read(HEAD_BYTES) if stat.S_ISREG(os.fstat(handle.fileno()).st_mode) else b""
+            )
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     if not is_own(head):
-        raise UsageError(f"{path}: exists and is not a {what} this command wrote; refusing to overwrite it "
-                         "(pass --force to replace it)")
+        raise UsageError(
+            f"{path}: exists and is not a {what} this command wrote; refusing to overwrite it "
+            "(pass --force to replace it)"
+        )
 
 
 def read_bounded_text(path: Path, limit: int = MAX_INPUT_BYTES) -> str:
@@ -165,7 +173,9 @@ def read_bounded_text(path: Path, limit: int = MAX_INPUT_BYTES) -> str:
     if not stat.S_ISREG(info.st_mode):  # a FIFO would block forever, a device could be endless
         raise UsageError(f"{path}: not a regular file")
     if info.st_size > limit:
-        raise UsageError(f"{path}: {info.st_size} bytes, larger than the {limit // (1024 * 1024)} MiB input limit")
+        raise UsageError(
+            f"{path}: {info.st_size} bytes, larger than the {limit // (1024 * 1024)} MiB input limit"
+        )
     try:
         with open(path, "rb") as handle:
             data = handle.read(limit + 1)
@@ -176,4 +186,6 @@ def read_bounded_text(path: Path, limit: int = MAX_INPUT_BYTES) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{path}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise UsageError(
+            f"{path}: cannot read: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None

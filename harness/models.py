@@ -64,35 +64,62 @@ STYLE_MODELS: dict[str, StyleModel] = {
         StyleModel(
             name="dense-tiny",
             description="standard attention + dense SwiGLU MLP, RMSNorm, 2 layers (Llama-style)",
-            config_kwargs={**_COMMON, "num_layers": 2, "ffn_hidden_size": 128,
-                           "num_query_groups": 2, "gated_linear_unit": True,
-                           "activation_func": torch.nn.functional.silu},
+            config_kwargs={
+                **_COMMON,
+                "num_layers": 2,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": True,
+                "activation_func": torch.nn.functional.silu,
+            },
         ),
         StyleModel(
             name="moonlight-tiny",
-            description=("Moonlight/DeepSeek-V3 style: Multi-Latent Attention (q_lora_rank None; no "
-                         "latent KV norm: 0.19.2 cannot build it from the local spec) + MoE with shared "
-                         "experts and the grouped-GEMM flag, first layer dense (moe_layer_freq "
-                         "[0,1,1]), RMSNorm, SwiGLU, 3 layers"),
-            config_kwargs={**_COMMON, **_MOE, "num_layers": 3, "ffn_hidden_size": 128,
-                           "moe_layer_freq": [0, 1, 1], "moe_grouped_gemm": True,
-                           "gated_linear_unit": True, "activation_func": torch.nn.functional.silu,
-                           "multi_latent_attention": True, "q_lora_rank": None, "kv_lora_rank": 32,
-                           "qk_head_dim": 16, "qk_pos_emb_head_dim": 8, "v_head_dim": 16,
-                           "rope_type": "rope"},
+            description=(
+                "Moonlight/DeepSeek-V3 style: Multi-Latent Attention (q_lora_rank None; no "
+                "latent KV norm: 0.19.2 cannot build it from the local spec) + MoE with shared "
+                "experts and the grouped-GEMM flag, first layer dense (moe_layer_freq "
+                "[0,1,1]), RMSNorm, SwiGLU, 3 layers"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_MOE,
+                "num_layers": 3,
+                "ffn_hidden_size": 128,
+                "moe_layer_freq": [0, 1, 1],
+                "moe_grouped_gemm": True,
+                "gated_linear_unit": True,
+                "activation_func": torch.nn.functional.silu,
+                "multi_latent_attention": True,
+                "q_lora_rank": None,
+                "kv_lora_rank": 32,
+                "qk_head_dim": 16,
+                "qk_pos_emb_head_dim": 8,
+                "v_head_dim": 16,
+                "rope_type": "rope",
+            },
             mla=True,
         ),
         StyleModel(
             name="nemotron-tiny",
-            description=("attention + MoE (shared experts, squared-ReLU, grouped-GEMM flag) part of "
-                         "the Nemotron-H pattern, 2 layers; the Mamba layers are left out: they need CUDA kernels "
-                         "(mamba_ssm / causal_conv1d) that do not run on CPU"),
-            config_kwargs={**_COMMON, **_MOE, "num_layers": 2, "ffn_hidden_size": 128,
-                           "num_query_groups": 2, "gated_linear_unit": False, "moe_grouped_gemm": True,
-                           # MCore wraps squared_relu in torch.compile (jit_fuser); inductor's C++
-                           # build takes ~25 s on CPU. The same function, unwrapped, runs eagerly (and
-                           # unlike torch.compiler.disable does not import TorchDynamo).
-                           "activation_func": inspect.unwrap(squared_relu)},
+            description=(
+                "attention + MoE (shared experts, squared-ReLU, grouped-GEMM flag) part of "
+                "the Nemotron-H pattern, 2 layers; the Mamba layers are left out: they need CUDA kernels "
+                "(mamba_ssm / causal_conv1d) that do not run on CPU"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_MOE,
+                "num_layers": 2,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": False,
+                "moe_grouped_gemm": True,
+                # MCore wraps squared_relu in torch.compile (jit_fuser); inductor's C++
+                # build takes ~25 s on CPU. The same function, unwrapped, runs eagerly (and
+                # unlike torch.compiler.disable does not import TorchDynamo).
+                "activation_func": inspect.unwrap(squared_relu),
+            },
         ),
     )
 }
@@ -114,8 +141,13 @@ def kv_channels_dot_product_attention() -> type:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
 
     class KVChannelsDotProductAttention(DotProductAttention):
-        def __init__(self, *args: Any, k_channels: int | None = None, v_channels: int | None = None,
-                     **kwargs: Any) -> None:
+        def __init__(
+            self,
+            *args: Any,
+            k_channels: int | None = None,
+            v_channels: int | None = None,
+            **kwargs: Any,
+        ) -> None:
             super().__init__(*args, **kwargs)
             if v_channels is not None:
                 self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
@@ -138,9 +170,15 @@ class TinyModel:
         # The causal mask (True = masked) and positions are the same for every batch: built once, on the
         # model's device. Rebuilt per micro-batch they cost a seq² triu on the host and a host-to-device
         # copy inside every timed step (70-90 ms at seq 4096 on one CPU thread).
-        self._causal = torch.triu(torch.ones(self.seq_length, self.seq_length, dtype=torch.bool, device=self.device),
-                                  diagonal=1)[None, None]
-        self._positions = torch.arange(self.seq_length, device=self.device).expand(self.micro_batch_size, -1).contiguous()
+        self._causal = torch.triu(
+            torch.ones(self.seq_length, self.seq_length, dtype=torch.bool, device=self.device),
+            diagonal=1,
+        )[None, None]
+        self._positions = (
+            torch.arange(self.seq_length, device=self.device)
+            .expand(self.micro_batch_size, -1)
+            .contiguous()
+        )
 
     def batch(self, seed: int = 0) -> dict[str, torch.Tensor]:
         """Deterministic tokens and labels (drawn on the host: the same on every device), positions and
@@ -148,13 +186,21 @@ class TinyModel:
         generator = torch.Generator().manual_seed(seed)
         shape = (self.micro_batch_size, self.seq_length + 1)
         tokens = torch.randint(0, self.style.vocab_size, shape, generator=generator).to(self.device)
-        return {"input_ids": tokens[:, :-1].contiguous(), "position_ids": self._positions,
-                "attention_mask": self._causal, "labels": tokens[:, 1:].contiguous()}
+        return {
+            "input_ids": tokens[:, :-1].contiguous(),
+            "position_ids": self._positions,
+            "attention_mask": self._causal,
+            "labels": tokens[:, 1:].contiguous(),
+        }
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean token loss: the scalar the probe differentiates."""
-        per_token = self.module(batch["input_ids"], batch["position_ids"], batch["attention_mask"],
-                                labels=batch["labels"])
+        per_token = self.module(
+            batch["input_ids"],
+            batch["position_ids"],
+            batch["attention_mask"],
+            labels=batch["labels"],
+        )
         return per_token.float().mean()
 
 
@@ -174,9 +220,16 @@ def _parallel_sizes(has_experts: bool) -> dict[str, int]:
     return sizes
 
 
-def transformer_config(style: StyleModel, fields: RecomputeFields, *, dropout: bool = False,
-                       add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
-                       device: str | torch.device = "cpu", **overrides: Any) -> Any:
+def transformer_config(
+    style: StyleModel,
+    fields: RecomputeFields,
+    *,
+    dropout: bool = False,
+    add_bias_linear: bool | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    **overrides: Any,
+) -> Any:
     """The real ``TransformerConfig`` (``MLATransformerConfig`` for MLA); its validator runs here."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
@@ -203,16 +256,23 @@ def _fit_moe_metrics_tracker(num_layers: int) -> None:
     process (the probe, a test worker) would index past them. Such a tracker is dropped; one of the
     right size is kept, as a training process keeps it warm after its first step (so counts of replayed
     operators never depend on which model a process built before)."""
-    from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker, get_moe_metrics_tracker
+    from megatron.core.transformer.moe.moe_logging import (
+        destroy_moe_metrics_tracker,
+        get_moe_metrics_tracker,
+    )
 
-    if any(entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()):
+    if any(
+        entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()
+    ):
         destroy_moe_metrics_tracker()
 
 
 def core_attention_class(backend: str, mla: bool) -> type | None:
     """The core-attention class a layer spec gets for ``backend``; None keeps MCore's local default."""
     if backend not in ATTENTION_BACKENDS:
-        raise UsageError(f"unknown attention backend {backend!r}; known: {', '.join(ATTENTION_BACKENDS)}")
+        raise UsageError(
+            f"unknown attention backend {backend!r}; known: {', '.join(ATTENTION_BACKENDS)}"
+        )
     if backend == "fused":
         return fused_core_attention()
     return kv_channels_dot_product_attention() if mla else None
@@ -226,11 +286,20 @@ def set_core_attention(block_spec: Any, backend: str, mla: bool) -> None:
             layer_spec.submodules.self_attention.submodules.core_attention = attention_class
 
 
-def build_model(name: str, fields: RecomputeFields, *, dropout: bool = False,
-                seq_length: int | None = None, micro_batch_size: int | None = None,
-                add_bias_linear: bool | None = None, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", seed: int = 1234, attention_backend: str = "unfused",
-                **config_overrides: Any) -> TinyModel:
+def build_model(
+    name: str,
+    fields: RecomputeFields,
+    *,
+    dropout: bool = False,
+    seq_length: int | None = None,
+    micro_batch_size: int | None = None,
+    add_bias_linear: bool | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    seed: int = 1234,
+    attention_backend: str = "unfused",
+    **config_overrides: Any,
+) -> TinyModel:
     """Build style model ``name`` with the given recompute fields (model-parallel state must exist).
 
     ``attention_backend`` (harness.cpu.attention): ``unfused`` is MCore's local core attention,
@@ -251,14 +320,27 @@ def build_model(name: str, fields: RecomputeFields, *, dropout: bool = False,
             raise UsageError(f"{label} must be an integer in [1, 1048576], got {value!r}")
     if attention_backend == "fused":
         config_overrides.setdefault("attention_dropout", 0.0)
-    config = transformer_config(style, fields, dropout=dropout, add_bias_linear=add_bias_linear,
-                                dtype=dtype, device=device, **config_overrides)
+    config = transformer_config(
+        style,
+        fields,
+        dropout=dropout,
+        add_bias_linear=add_bias_linear,
+        dtype=dtype,
+        device=device,
+        **config_overrides,
+    )
     _fit_moe_metrics_tracker(config.num_layers)
-    block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False,
-                                            normalization=config.normalization)
+    block_spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=False, normalization=config.normalization
+    )
     set_core_attention(block_spec, attention_backend, style.mla)
     torch.manual_seed(seed)
-    module = GPTModel(config, block_spec, vocab_size=style.vocab_size, max_sequence_length=seq_length,
-                      position_embedding_type="rope")
+    module = GPTModel(
+        config,
+        block_spec,
+        vocab_size=style.vocab_size,
+        max_sequence_length=seq_length,
+        position_embedding_type="rope",
+    )
     module.to(device)
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))

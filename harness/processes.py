@@ -70,7 +70,9 @@ def processes_with_env(name: str, value: str) -> list[int]:
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
-            if entry.stat().st_uid == os.getuid() and needle in (entry / "environ").read_bytes().split(b"\0"):
+            if entry.stat().st_uid == os.getuid() and needle in (
+                entry / "environ"
+            ).read_bytes().split(b"\0"):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -114,15 +116,22 @@ def libc_prctl() -> Callable[..., int] | None:
         return None
 
 
-def run_bounded(argv: Sequence[str], *, timeout_s: float,
-                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str] | None:
+def run_bounded(
+    argv: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str] | None:
     """Run ``argv`` to completion with its output captured as text; None when it ran past ``timeout_s``
     (its whole process group is then killed)."""
     exit_if_stopped()
     libc_prctl()  # loaded before the fork that runs die_with_parent
-    child = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=None if env is None else dict(env), start_new_session=True,
-                             preexec_fn=die_with_parent)
+    child = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=None if env is None else dict(env),
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509
+    )
     try:
         stdout, stderr = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -19,8 +19,8 @@ imported by the fixture, so the plugin costs a foreign test run next to nothing 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import pytest
 
@@ -36,10 +36,18 @@ MARKERS = (
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("recompute-harness", "recompute-harness golden checks")
-    group.addoption(GOLDEN_DIR_OPTION, metavar="DIR", default=None,
-                    help=f"golden root for recompute_golden (default: ${ENV_VAR}, else the harness's own)")
-    group.addoption(REGEN_OPTION, action="store_true", default=False,
-                    help="write the goldens from the checked records instead of judging them (the test fails, saying so)")
+    group.addoption(
+        GOLDEN_DIR_OPTION,
+        metavar="DIR",
+        default=None,
+        help=f"golden root for recompute_golden (default: ${ENV_VAR}, else the harness's own)",
+    )
+    group.addoption(
+        REGEN_OPTION,
+        action="store_true",
+        default=False,
+        help="write the goldens from the checked records instead of judging them (the test fails, saying so)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -50,7 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
 class GoldenCheck:
     """What the ``recompute_golden`` fixture returns."""
 
-    def __init__(self, root: str | None, regen: bool, record_property: Callable[[str, object], None]) -> None:
+    def __init__(
+        self, root: str | None, regen: bool, record_property: Callable[[str, object], None]
+    ) -> None:
         self._root = root
         self._regen = regen
         self._record_property = record_property
@@ -97,12 +107,20 @@ class GoldenCheck:
             write_refresh(plans)
         except UsageError as refused:
             return f"{REGEN_OPTION}: {refused}"
-        return f"{REGEN_OPTION}: wrote " + ", ".join(str(plan.path) for plan in plans) + "; rerun without it to judge"
+        return (
+            f"{REGEN_OPTION}: wrote "
+            + ", ".join(str(plan.path) for plan in plans)
+            + "; rerun without it to judge"
+        )
 
 
 @pytest.fixture
-def recompute_golden(request: pytest.FixtureRequest, record_property: Callable[[str, object], None]) -> GoldenCheck:
+def recompute_golden(
+    request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
+) -> GoldenCheck:
     """``recompute_golden.check(records)``: judge run records against the golden of their pins."""
     config = request.config
     # None falls through to golden_root's own order ($RECOMPUTE_HARNESS_GOLDEN_DIR, then the default).
-    return GoldenCheck(config.getoption(GOLDEN_DIR_OPTION), bool(config.getoption(REGEN_OPTION)), record_property)
+    return GoldenCheck(
+        config.getoption(GOLDEN_DIR_OPTION), bool(config.getoption(REGEN_OPTION)), record_property
+    )

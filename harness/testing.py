@@ -11,8 +11,8 @@ the markdown table; ``record_property`` (pytest's fixture) gets one JUnit proper
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from harness.compare.comparator import Comparison, compare_records, missing_golden_message
 from harness.errors import UsageError
@@ -36,7 +36,9 @@ def check_against_golden(
         raise AssertionError(missing_golden_message(records, path))
     try:
         comparison = compare_records(load_golden(path), records, str(path))
-    except UsageError as refused:  # pins differ from the named file: a test failure, not bad CLI input
+    except (
+        UsageError
+    ) as refused:  # pins differ from the named file: a test failure, not bad CLI input
         raise AssertionError(str(refused)) from None
     if record_property is not None:
         record_golden_properties(comparison, record_property)

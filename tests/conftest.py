@@ -28,7 +28,6 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-
 def pytest_collection_modifyitems(config, items):
     """Slow tests first. The GPU check script's CPU rehearsal (``rehearsal``, ~80 s of CPU) is .ci/run's own second step:
     it runs only when asked for by name (``-m rehearsal``), so the CPU tier keeps its time budget."""
@@ -40,7 +39,9 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if "rehearsal" in (config.getoption("markexpr") or ""):
         return
-    skip = pytest.mark.skip(reason="the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)")
+    skip = pytest.mark.skip(
+        reason="the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)"
+    )
     for item in items:
         if item.get_closest_marker("rehearsal") is not None:
             item.add_marker(skip)

@@ -17,22 +17,46 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("records", nargs="+", type=Path, help="run record files or directories of them")
-    parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of markdown")
-    parser.add_argument("--estimate", type=Path, metavar="FILE",
-                        help="also show an `estimate --out` file of the same recipe: estimated vs measured saving per row")
-    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write memory saved vs step-time cost against [] as a PNG")
-    parser.add_argument("--force", action="store_true", help="replace --plot's file even if it is not a PNG")
+    parser.add_argument(
+        "records", nargs="+", type=Path, help="run record files or directories of them"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the analysis as JSON instead of markdown"
+    )
+    parser.add_argument(
+        "--estimate",
+        type=Path,
+        metavar="FILE",
+        help="also show an `estimate --out` file of the same recipe: estimated vs measured saving per row",
+    )
+    parser.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PNG",
+        help="also write memory saved vs step-time cost against [] as a PNG",
+    )
+    parser.add_argument(
+        "--force", action="store_true", help="replace --plot's file even if it is not a PNG"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.plot:  # checked before any output: an existing non-PNG (a record, say) is never overwritten
+    if (
+        args.plot
+    ):  # checked before any output: an existing non-PNG (a record, say) is never overwritten
         check_output(args.plot, args.force, lambda head: head.startswith(PNG_MAGIC), "PNG plot")
     analysis = analyse(load_records(args.records))
-    analysis.conclusions.extend(unmeasured_rows(args.records))  # a killed sweep's table is not the whole sweep
+    analysis.conclusions.extend(
+        unmeasured_rows(args.records)
+    )  # a killed sweep's table is not the whole sweep
     versus = None
     if args.estimate is not None:
-        from harness.estimate.versus import estimate_vs_measured, load_estimate, versus_json, versus_markdown
+        from harness.estimate.versus import (
+            estimate_vs_measured,
+            load_estimate,
+            versus_json,
+            versus_markdown,
+        )
 
         estimate = load_estimate(args.estimate)
         versus = estimate_vs_measured(analysis, estimate)

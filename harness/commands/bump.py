@@ -24,9 +24,17 @@ from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from harness.commands.matrix import DEFAULT_CHECK_COUNT
 
-    parser.add_argument("--count", type=int, default=DEFAULT_CHECK_COUNT, help="configurations the matrix check samples")
-    parser.add_argument("--no-probe", action="store_true",
-                        help="stop after the matrix check (no CPU goldens are probed or written)")
+    parser.add_argument(
+        "--count",
+        type=int,
+        default=DEFAULT_CHECK_COUNT,
+        help="configurations the matrix check samples",
+    )
+    parser.add_argument(
+        "--no-probe",
+        action="store_true",
+        help="stop after the matrix check (no CPU goldens are probed or written)",
+    )
     add_golden_dir(parser)
 
 
@@ -38,11 +46,17 @@ class Summary:
     timings: list[tuple[str, float]] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        out = [f"refreshed: {len(self.refreshed)}", *(f"  {item}" for item in self.refreshed),
-               f"left: {len(self.left)}", *(f"  {item}" for item in self.left)]
+        out = [
+            f"refreshed: {len(self.refreshed)}",
+            *(f"  {item}" for item in self.refreshed),
+            f"left: {len(self.left)}",
+            *(f"  {item}" for item in self.left),
+        ]
         steps = self.next_steps or ["review the diffs above and commit tests/golden/"]
         out += ["next step:", *(f"  {step}" for step in steps)]
-        out.append("wall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.timings))
+        out.append(
+            "wall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.timings)
+        )
         return out
 
 
@@ -69,8 +83,10 @@ def run(args: argparse.Namespace) -> int:
 
     def identity() -> None:
         mcore, found = collect_revisions()["megatron_core"], megatron_core_identity()
-        print(f"megatron-core {mcore['version']} commit {mcore['commit'] or '-'} fingerprint {mcore['fingerprint']} "
-              f"imported from {found['root']}")
+        print(
+            f"megatron-core {mcore['version']} commit {mcore['commit'] or '-'} fingerprint {mcore['fingerprint']} "
+            f"imported from {found['root']}"
+        )
         for note in found["notes"]:
             print(f"note: {note}")
 
@@ -91,8 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         if drifted:
             summary.left.append("compatibility matrix: drift reported above")
-            summary.next_steps.append(f"edit {RULES_FILE} (and {SPACE_FILE} for new fields) as the matrix "
-                                      "report says, then rerun ci/golden-refresh.sh")
+            summary.next_steps.append(
+                f"edit {RULES_FILE} (and {SPACE_FILE} for new fields) as the matrix "
+                "report says, then rerun ci/golden-refresh.sh"
+            )
 
     def probe() -> None:
         from harness.commands.probe import golden_step, refuse_unpinnable
@@ -102,8 +120,10 @@ def run(args: argparse.Namespace) -> int:
         except UsageError as exc:
             print(f"refused: {exc}")
             summary.left.append("CPU goldens: the probe refused to write (see above)")
-            summary.next_steps.append("review each drifted object's upstream change, add its digest in "
-                                      "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh")
+            summary.next_steps.append(
+                "review each drifted object's upstream change, add its digest in "
+                "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh"
+            )
             return
         from harness.models import STYLE_MODELS
         from harness.probe.runner import probe_models
@@ -126,7 +146,10 @@ def run(args: argparse.Namespace) -> int:
         from harness.cpu.adapter import drifted_objects
 
         drifted = drifted_objects()
-        print("\nCPU adapter: " + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision"))
+        print(
+            "\nCPU adapter: "
+            + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision")
+        )
         summary.left.append("CPU goldens (--no-probe)")
     else:
         _step(summary, "probe", probe)

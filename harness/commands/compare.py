@@ -20,16 +20,24 @@ from harness.report.markdown import comparison_markdown, emit
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--golden", type=Path, help="golden file, or a directory to pick the records' golden from")
+    parser.add_argument(
+        "--golden", type=Path, help="golden file, or a directory to pick the records' golden from"
+    )
     add_golden_dir(parser)
-    parser.add_argument("records", nargs="+", type=Path, help="run record files or directories of them")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of markdown")
+    parser.add_argument(
+        "records", nargs="+", type=Path, help="run record files or directories of them"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the comparison as JSON instead of markdown"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     records = load_records(args.records)
     note_unmeasured(args.records)
-    path = resolve_golden(records, args.golden if args.golden is not None else existing(golden_root(args.golden_dir)))
+    path = resolve_golden(
+        records, args.golden if args.golden is not None else existing(golden_root(args.golden_dir))
+    )
     if path != args.golden and not path.is_file():  # picked by the records' pins, and absent
         raise UsageError(missing_golden_message(records, path))
     golden = load_golden(path)

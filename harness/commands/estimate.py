@@ -13,29 +13,47 @@ from harness.record.io import read_json
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", required=True, help="a GPU recipe (harness/data/recipes/*.toml)")
-    parser.add_argument("--rows", nargs="+", metavar="ROW",
-                        help="rows to estimate instead of the recipe's own ([] is always included)")
-    parser.add_argument("--attention-backend", choices=("unfused", "fused"),
-                        help="core attention on CPU (default: the recipe's: fused/flash/auto -> fused, local -> unfused)")
+    parser.add_argument(
+        "--recipe", required=True, help="a GPU recipe (harness/data/recipes/*.toml)"
+    )
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="ROW",
+        help="rows to estimate instead of the recipe's own ([] is always included)",
+    )
+    parser.add_argument(
+        "--attention-backend",
+        choices=("unfused", "fused"),
+        help="core attention on CPU (default: the recipe's: fused/flash/auto -> fused, local -> unfused)",
+    )
     parser.add_argument("--json", action="store_true", help="print the estimate as JSON")
     output = parser.add_mutually_exclusive_group()
-    output.add_argument("--out", metavar="FILE", help="also write the JSON to FILE (for analyze --estimate)")
-    output.add_argument("--write-golden", action="store_true",
-                        help="also write the JSON to the golden root's estimate/ under the installed revision's name")
-    parser.add_argument("--golden-dir", metavar="DIR", help="golden root for --write-golden (default: tests/golden)")
+    output.add_argument(
+        "--out", metavar="FILE", help="also write the JSON to FILE (for analyze --estimate)"
+    )
+    output.add_argument(
+        "--write-golden",
+        action="store_true",
+        help="also write the JSON to the golden root's estimate/ under the installed revision's name",
+    )
+    parser.add_argument(
+        "--golden-dir", metavar="DIR", help="golden root for --write-golden (default: tests/golden)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.estimate.estimate import check_estimable, estimate, golden_path
     from harness.config.fields import RecomputeFields
+    from harness.estimate.estimate import check_estimable, estimate, golden_path
     from harness.run.recipes import load_recipe
 
     recipe = load_recipe(args.recipe)
     check_estimable(recipe)
     for row in args.rows or ():
         RecomputeFields.parse(row)
-    if args.write_golden and not args.out:  # refused before measuring: never into an installed package's copy
+    if (
+        args.write_golden and not args.out
+    ):  # refused before measuring: never into an installed package's copy
         from harness.record.golden_dir import golden_root, writable
 
         writable(golden_root(args.golden_dir))
@@ -45,10 +63,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     data = result.as_dict()
-    target = Path(args.out) if args.out else golden_path(result, args.golden_dir) if args.write_golden else None
+    target = (
+        Path(args.out)
+        if args.out
+        else golden_path(result, args.golden_dir)
+        if args.write_golden
+        else None
+    )
     # A golden re-run that measured the same bytes leaves the file alone: only its provenance would differ.
-    unchanged = args.write_golden and target.is_file() and _without_provenance(target) == \
-        {key: value for key, value in data.items() if key != "provenance"}
+    unchanged = (
+        args.write_golden
+        and target.is_file()
+        and _without_provenance(target)
+        == {key: value for key, value in data.items() if key != "provenance"}
+    )
     if target is not None and not unchanged:
         target.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(target, data)
@@ -69,4 +97,8 @@ def _without_provenance(path: Path) -> dict[str, object] | None:
         data = read_json(path)
     except UsageError:
         return None
-    return {key: value for key, value in data.items() if key != "provenance"} if isinstance(data, dict) else None
+    return (
+        {key: value for key, value in data.items() if key != "provenance"}
+        if isinstance(data, dict)
+        else None
+    )

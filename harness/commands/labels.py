@@ -13,9 +13,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     action = parser.add_mutually_exclusive_group()
     action.add_argument("--json", action="store_true", help="print fingerprint and labels as JSON")
     action.add_argument(
-        "--write-manifest", action="store_true", help="pin the labels for this fingerprint in the golden root's labels/"
+        "--write-manifest",
+        action="store_true",
+        help="pin the labels for this fingerprint in the golden root's labels/",
     )
-    action.add_argument("--check", action="store_true", help="compare the labels with the pinned manifest")
+    action.add_argument(
+        "--check", action="store_true", help="compare the labels with the pinned manifest"
+    )
     add_golden_dir(parser)
 
 

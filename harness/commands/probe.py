@@ -17,24 +17,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--model", help="style model to probe (see --list)")
     target.add_argument("--all", action="store_true", help="probe every style model")
     target.add_argument("--list", action="store_true", help="list the style models and exit")
-    parser.add_argument("--modules", nargs="+", metavar="LABELS",
-                        help="label sets to probe against [] (a+b for a combination); default: every label, "
-                             "the skill's combinations and full recompute")
+    parser.add_argument(
+        "--modules",
+        nargs="+",
+        metavar="LABELS",
+        help="label sets to probe against [] (a+b for a combination); default: every label, "
+        "the skill's combinations and full recompute",
+    )
     parser.add_argument("--seq-length", type=int, help="override the model's sequence length")
-    parser.add_argument("--micro-batch-size", type=int, help="override the model's micro-batch size")
-    parser.add_argument("--attention-backend", choices=("unfused", "fused"), default="unfused",
-                        help="core attention: MCore's local (unfused, keeps the score matrix; default) or a CPU "
-                             "core attention that keeps what fused/flash attention keeps (q, k, v, output, "
-                             "softmax statistics)")
-    parser.add_argument("--attribution", action="store_true", help="also print retained and carried bytes per module")
+    parser.add_argument(
+        "--micro-batch-size", type=int, help="override the model's micro-batch size"
+    )
+    parser.add_argument(
+        "--attention-backend",
+        choices=("unfused", "fused"),
+        default="unfused",
+        help="core attention: MCore's local (unfused, keeps the score matrix; default) or a CPU "
+        "core attention that keeps what fused/flash attention keeps (q, k, v, output, "
+        "softmax statistics)",
+    )
+    parser.add_argument(
+        "--attribution",
+        action="store_true",
+        help="also print retained and carried bytes per module",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--hang-timeout", type=float, default=DEFAULT_HANG_TIMEOUT_S, metavar="S",
-                        help="seconds an isolated probe may measure before it is killed and reported as a hang "
-                             f"(default {DEFAULT_HANG_TIMEOUT_S:g})")
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=DEFAULT_HANG_TIMEOUT_S,
+        metavar="S",
+        help="seconds an isolated probe may measure before it is killed and reported as a hang "
+        f"(default {DEFAULT_HANG_TIMEOUT_S:g})",
+    )
     golden = parser.add_mutually_exclusive_group()
-    golden.add_argument("--check-golden", action="store_true",
-                        help="compare with the CPU golden of the installed revision (exit 1 on any change)")
-    golden.add_argument("--write-golden", action="store_true", help="write the CPU golden from this run")
+    golden.add_argument(
+        "--check-golden",
+        action="store_true",
+        help="compare with the CPU golden of the installed revision (exit 1 on any change)",
+    )
+    golden.add_argument(
+        "--write-golden", action="store_true", help="write the CPU golden from this run"
+    )
     add_golden_dir(parser)
 
 
@@ -48,7 +72,9 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
                 raise UsageError(f"--{name.replace('_', '-')} must be in [1, 65536], got {value}")
             sizes[name] = value
     if sizes and (args.check_golden or args.write_golden):
-        raise UsageError("goldens are for the models' own sizes: drop --seq-length/--micro-batch-size")
+        raise UsageError(
+            "goldens are for the models' own sizes: drop --seq-length/--micro-batch-size"
+        )
     if args.modules and (args.check_golden or args.write_golden):
         raise UsageError("goldens cover the full probe matrix: drop --modules")
     return sizes
@@ -85,13 +111,25 @@ def run(args: argparse.Namespace) -> int:
     sizes = _sizes(args)
 
     from harness.probe.plan import parse_label_sets
+
     label_sets = parse_label_sets(args.modules) if args.modules else None
 
     from harness.probe.runner import probe_models
-    from harness.probe.table import attribution_table, carried_table, probe_json, probe_table, unmeasured_table
+    from harness.probe.table import (
+        attribution_table,
+        carried_table,
+        probe_json,
+        probe_table,
+        unmeasured_table,
+    )
 
-    probes = probe_models(names, label_sets, hang_timeout_s=args.hang_timeout,
-                          attention_backend=args.attention_backend, **sizes)
+    probes = probe_models(
+        names,
+        label_sets,
+        hang_timeout_s=args.hang_timeout,
+        attention_backend=args.attention_backend,
+        **sizes,
+    )
     if args.json:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:
@@ -115,7 +153,9 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def golden_step(probes: list, *, write: bool, golden_dir: Path | None = None) -> tuple[list[str], list[str], bool]:
+def golden_step(
+    probes: list, *, write: bool, golden_dir: Path | None = None
+) -> tuple[list[str], list[str], bool]:
     """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
 
     Returns (report lines, paths written, whether any golden differed). The diff against the golden
@@ -134,7 +174,11 @@ def golden_step(probes: list, *, write: bool, golden_dir: Path | None = None) ->
             lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
             written_paths += [str(path)] if written else []
         else:
-            lines.append(f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}")
-            problems += [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+            lines.append(
+                f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
+            )
+            problems += (
+                [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+            )
         lines += [f"  {problem}" for problem in problems]
     return lines, written_paths, differs

@@ -11,7 +11,9 @@ from harness.errors import EXIT_OK
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print the run record's revisions block as JSON")
+    parser.add_argument(
+        "--json", action="store_true", help="print the run record's revisions block as JSON"
+    )
 
 
 def _line(value: object) -> str:

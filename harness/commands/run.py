@@ -22,28 +22,66 @@ if TYPE_CHECKING:  # the runner imports torch's launcher: only when a sweep runs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--recipe", help="recipe name (see --list), or the path of a recipe .toml file anywhere")
+    parser.add_argument(
+        "--recipe", help="recipe name (see --list), or the path of a recipe .toml file anywhere"
+    )
     parser.add_argument("--list", action="store_true", help="list the recipes and exit")
-    parser.add_argument("--rows", nargs="+", metavar="ROW",
-                        help="rows to run instead of the recipe's ([] control is always run first), "
-                             "e.g. moe_act layernorm+moe_act full-uniform-1")
-    parser.add_argument("--out", type=Path, default=Path("runs"), help="directory for the sweep (default: runs)")
-    parser.add_argument("--timeout", type=float, metavar="S", help="per-row wall-clock limit (default: the recipe's)")
-    parser.add_argument("--stall-timeout", type=float, metavar="S",
-                        help="stop a row when no rank reports progress for S seconds (default: the recipe's)")
-    parser.add_argument("--nproc-per-node", type=int, help="override the recipe's ranks per node (re-checked)")
-    parser.add_argument("--launcher", choices=("local", "slurm"), default="local",
-                        help="local: torchrun per node on this host; slurm: srun + torchrun inside an sbatch "
-                             "allocation (what `launch --slurm` writes)")
-    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT", help="slurm launcher: the c10d rendezvous endpoint")
-    parser.add_argument("--json", action="store_true",
-                        help="print the records' place, each row's outcome and the analysis as one JSON object")
-    parser.add_argument("--srun-arg", action="append", default=[], metavar="ARG",
-                        help="slurm launcher: an extra srun flag for every row's step (repeatable), e.g. "
-                             "--srun-arg=--container-image=IMG; with a container image the ranks run its python")
-    parser.add_argument("--inject-fault", action="append", default=[], metavar="SPEC",
-                        help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
-                             "KIND one of oom, nan, hang, kill, exit")
+    parser.add_argument(
+        "--rows",
+        nargs="+",
+        metavar="ROW",
+        help="rows to run instead of the recipe's ([] control is always run first), "
+        "e.g. moe_act layernorm+moe_act full-uniform-1",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs"), help="directory for the sweep (default: runs)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        metavar="S",
+        help="per-row wall-clock limit (default: the recipe's)",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        help="stop a row when no rank reports progress for S seconds (default: the recipe's)",
+    )
+    parser.add_argument(
+        "--nproc-per-node", type=int, help="override the recipe's ranks per node (re-checked)"
+    )
+    parser.add_argument(
+        "--launcher",
+        choices=("local", "slurm"),
+        default="local",
+        help="local: torchrun per node on this host; slurm: srun + torchrun inside an sbatch "
+        "allocation (what `launch --slurm` writes)",
+    )
+    parser.add_argument(
+        "--rdzv-endpoint", metavar="HOST:PORT", help="slurm launcher: the c10d rendezvous endpoint"
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the records' place, each row's outcome and the analysis as one JSON object",
+    )
+    parser.add_argument(
+        "--srun-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="slurm launcher: an extra srun flag for every row's step (repeatable), e.g. "
+        "--srun-arg=--container-image=IMG; with a container image the ranks run its python",
+    )
+    parser.add_argument(
+        "--inject-fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
+        "KIND one of oom, nan, hang, kill, exit",
+    )
 
 
 def _positive(value: float | None, flag: str) -> None:
@@ -58,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name in recipe_names():
             recipe = load_recipe(name)
-            print(f"{name:32} {recipe.backend:6} {recipe.device:4} {recipe.world_size:>3} ranks  {recipe.description}")
+            print(
+                f"{name:32} {recipe.backend:6} {recipe.device:4} {recipe.world_size:>3} ranks  {recipe.description}"
+            )
         return EXIT_OK
     if not args.recipe:
         raise UsageError("run needs --recipe NAME (or --list)")
@@ -80,15 +120,32 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--srun-arg needs --launcher slurm")
     # Inside a container the batch node's interpreter path means nothing: the image's python runs the ranks.
     contained = any(arg.startswith("--container-image") for arg in args.srun_arg)
-    launcher = Launcher(args.launcher, args.rdzv_endpoint, "python" if contained else sys.executable, tuple(args.srun_arg))
-    check_launchable(recipe, faults, launcher, args.rows)  # refuse before the progress table appears
+    launcher = Launcher(
+        args.launcher,
+        args.rdzv_endpoint,
+        "python" if contained else sys.executable,
+        tuple(args.srun_arg),
+    )
+    check_launchable(
+        recipe, faults, launcher, args.rows
+    )  # refuse before the progress table appears
     ensure_dir(args.out)  # a read-only or file --out is one line before the progress table appears
     with LiveProgress(recipe.name, rows, recipe.train_iters) as progress:  # stop signals: cli.main
-        directory, results = run_sweep(recipe, args.out, rows=args.rows, faults=faults, timeout_s=args.timeout,
-                                       stall_timeout_s=args.stall_timeout, progress=progress, launcher=launcher,
-                                       checked=True)
+        directory, results = run_sweep(
+            recipe,
+            args.out,
+            rows=args.rows,
+            faults=faults,
+            timeout_s=args.timeout,
+            stall_timeout_s=args.stall_timeout,
+            progress=progress,
+            launcher=launcher,
+            checked=True,
+        )
     _report(directory, results, args.json)
-    return EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED
+    return (
+        EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED
+    )
 
 
 def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
@@ -111,10 +168,23 @@ def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
         except UsageError as exc:
             unwritten, why_not = exc, "could not be written"
     if as_json:
-        print(dumps({"records": str(directory / "records"), "plot": None if plot is None else str(plot),
-                     "rows": [{"row": result.row, "status": result.outcome.status, "record": str(result.record_path)}
-                              for result in results],
-                     "analysis": analysis_json(analysis)}))
+        print(
+            dumps(
+                {
+                    "records": str(directory / "records"),
+                    "plot": None if plot is None else str(plot),
+                    "rows": [
+                        {
+                            "row": result.row,
+                            "status": result.outcome.status,
+                            "record": str(result.record_path),
+                        }
+                        for result in results
+                    ],
+                    "analysis": analysis_json(analysis),
+                }
+            )
+        )
     else:
         print(f"records: {directory / 'records'}")
         emit(analysis_markdown(analysis))

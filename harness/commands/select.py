@@ -25,9 +25,18 @@ def _target(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target-gb", type=_target, required=True, help="per-rank allocated-memory target (decimal GB)")
-    parser.add_argument("records", nargs="+", type=Path, help="run record files or directories of them")
-    parser.add_argument("--json", action="store_true", help="print the selection as JSON instead of markdown")
+    parser.add_argument(
+        "--target-gb",
+        type=_target,
+        required=True,
+        help="per-rank allocated-memory target (decimal GB)",
+    )
+    parser.add_argument(
+        "records", nargs="+", type=Path, help="run record files or directories of them"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the selection as JSON instead of markdown"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

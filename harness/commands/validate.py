@@ -16,8 +16,12 @@ RECOMPUTE_FIELDS = tuple(RecomputeFields().as_dict())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--granularity", help="recompute_granularity: full or selective (omit for None)")
-    parser.add_argument("--modules", help="recompute_modules, comma-separated; an empty string means []")
+    parser.add_argument(
+        "--granularity", help="recompute_granularity: full or selective (omit for None)"
+    )
+    parser.add_argument(
+        "--modules", help="recompute_modules, comma-separated; an empty string means []"
+    )
     parser.add_argument("--method", help="recompute_method: uniform or block")
     parser.add_argument("--num-layers", type=int, help="recompute_num_layers")
     parser.add_argument(
@@ -27,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="any other TransformerConfig field, typed by its declaration (repeatable)",
     )
-    parser.add_argument("--json", action="store_true", help='print {"accepted", "rule", "message", "effective"}')
+    parser.add_argument(
+        "--json", action="store_true", help='print {"accepted", "rule", "message", "effective"}'
+    )
 
 
 def _utf8(text: str, what: str) -> str:
@@ -42,21 +48,39 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
     from harness.config.coerce import coerce_field, field_types, parse_assignment
     from harness.config.validate import config_class_for
 
-    for what, text in (("--granularity", args.granularity), ("--modules", args.modules), ("--method", args.method)):
+    for what, text in (
+        ("--granularity", args.granularity),
+        ("--modules", args.modules),
+        ("--method", args.method),
+    ):
         if text is not None:
             _utf8(text, what)
     assignments = [parse_assignment(_utf8(item, "--set")) for item in args.set]
     for name, _ in assignments:
         if name in RECOMPUTE_FIELDS:
-            raise UsageError(f"--set {name}: use --granularity / --modules / --method / --num-layers")
-    modules = None if args.modules is None else () if args.modules == "" else parse_labels(args.modules, ",", f"--modules {args.modules!r}")
-    fields: dict[str, Any] = RecomputeFields(args.granularity, modules, args.method, args.num_layers).as_config_kwargs()
+            raise UsageError(
+                f"--set {name}: use --granularity / --modules / --method / --num-layers"
+            )
+    modules = (
+        None
+        if args.modules is None
+        else ()
+        if args.modules == ""
+        else parse_labels(args.modules, ",", f"--modules {args.modules!r}")
+    )
+    fields: dict[str, Any] = RecomputeFields(
+        args.granularity, modules, args.method, args.num_layers
+    ).as_config_kwargs()
     # multi_latent_attention picks the config class whose field types the other values follow.
     mla = dict(assignments).get("multi_latent_attention")
     if mla is not None:
-        fields["multi_latent_attention"] = coerce_field(config_class_for({}), "multi_latent_attention", mla)
+        fields["multi_latent_attention"] = coerce_field(
+            config_class_for({}), "multi_latent_attention", mla
+        )
     config_class = config_class_for(fields)
-    mla_only = set(field_types(config_class_for({"multi_latent_attention": True}))) - set(field_types(config_class))
+    mla_only = set(field_types(config_class_for({"multi_latent_attention": True}))) - set(
+        field_types(config_class)
+    )
     for name, text in assignments:
         if name in mla_only:
             raise UsageError(f"--set {name}: an MLA field; add --set multi_latent_attention=true")
@@ -75,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"Megatron Core could not use these field values: {exc}") from None
     result = verdict.as_dict()
     effective = verdict.effective
-    if verdict.accepted and effective.granularity == "full" and effective.modules and args.modules is not None:
+    if (
+        verdict.accepted
+        and effective.granularity == "full"
+        and effective.modules
+        and args.modules is not None
+    ):
         result["rule"] = SUPERSEDED_RULE
         result["message"] = (
             f"full granularity supersedes the selective labels {list(effective.modules)}: "

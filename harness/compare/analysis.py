@@ -8,8 +8,9 @@ if it got further than the control it is ``advanced-but-failed``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from harness.errors import UsageError
 from harness.record.effects import completed, effects, is_control
@@ -52,16 +53,24 @@ class Analysis:
     revisions: str = ""  # e.g. "mcore 24bad8e677d2, bridge 600d069b824d"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"recipe": self.recipe, "model": self.model, "control": self.control, "hardware": self.hardware,
-                "revisions": self.revisions, "rows": [asdict(row) for row in self.rows],
-                "conclusions": self.conclusions}
+        return {
+            "recipe": self.recipe,
+            "model": self.model,
+            "control": self.control,
+            "hardware": self.hardware,
+            "revisions": self.revisions,
+            "rows": [asdict(row) for row in self.rows],
+            "conclusions": self.conclusions,
+        }
 
 
 def _configuration(record: Record) -> dict[str, Any]:
     """Everything that must be equal for two records to be a matched comparison."""
     workload = record.workload.to_json()
     config: dict[str, Any] = {"kind": record.kind}
-    config.update({key: value for key, value in workload.items() if key not in ("parallelism", "extra")})
+    config.update(
+        {key: value for key, value in workload.items() if key not in ("parallelism", "extra")}
+    )
     config.update({f"parallelism.{key}": value for key, value in workload["parallelism"].items()})
     config.update({f"hardware.{key}": value for key, value in record.hardware.profile().items()})
     config.update({f"revisions.{key}": repr(value) for key, value in record.pins().items()})
@@ -74,7 +83,9 @@ def require_matched(records: Sequence[Record]) -> None:
         raise UsageError("no records to analyse")
     probes = [r.id for r in records if r.kind == "cpu-probe"]
     if probes:
-        raise UsageError(f"{probes[0]}: CPU-probe records are checked against CPU goldens, not analysed as runs")
+        raise UsageError(
+            f"{probes[0]}: CPU-probe records are checked against CPU goldens, not analysed as runs"
+        )
     configs = [_configuration(record) for record in records]
     differing = []
     for key in configs[0]:
@@ -120,13 +131,17 @@ def _row(record: Record, control: Record | None) -> Row:
     if control is not None and record is not control:
         base = control.headline
         # Peaks are comparable only at the same checkpoint, over the same ranks.
-        same_checkpoint = (headline["peak_after_iteration"], headline.peak_scope) == (base["peak_after_iteration"], base.peak_scope)
+        same_checkpoint = (headline["peak_after_iteration"], headline.peak_scope) == (
+            base["peak_after_iteration"],
+            base.peak_scope,
+        )
         effect = effects(record, control, peaks=same_checkpoint)
         if same_checkpoint:
             saving = effect.get("saving_allocated_pct")
             allocated_pct = None if saving is None else -saving
             reserved_pct = effect.get("reserved_change_pct")
         elif peak is not None and base["peak_allocated_bytes"] is not None:
+
             def when(h: Any) -> str:
                 it = h["peak_after_iteration"]
                 return f"after iteration {it}" if it is not None else "at an unstated checkpoint"
@@ -157,13 +172,21 @@ def _failed_verdict(row: Row, record: Record, control: Record | None) -> None:
         row.note = row.note or "failed where the control completed"
         return
     mine, theirs = _progress(record), _progress(control)
-    relief = row.allocated_vs_control_pct is not None and row.allocated_vs_control_pct <= -MATERIAL_SAVING_PCT
+    relief = (
+        row.allocated_vs_control_pct is not None
+        and row.allocated_vs_control_pct <= -MATERIAL_SAVING_PCT
+    )
     if record.outcome.status == "advanced-but-failed" or (mine and theirs and mine > theirs):
-        row.verdict, row.note = "advanced-but-failed", "got further than the control but still failed; not a pass"
+        row.verdict, row.note = (
+            "advanced-but-failed",
+            "got further than the control but still failed; not a pass",
+        )
     elif relief and mine is not None and theirs is not None and mine >= theirs:
         row.verdict = "advanced-but-failed"
-        row.note = (f"{-row.allocated_vs_control_pct:.2f}% less allocated than the control at iteration "
-                    f"{row.peak_after_iteration}, but still failed; not a pass")
+        row.note = (
+            f"{-row.allocated_vs_control_pct:.2f}% less allocated than the control at iteration "
+            f"{row.peak_after_iteration}, but still failed; not a pass"
+        )
     elif mine is not None and theirs is not None and mine < theirs:
         row.note = "failed earlier than the control"
 
@@ -174,22 +197,47 @@ def _rank_passing(rows: list[Row], records: dict[str, Record], control_completed
     if control_completed:
         candidates = []
         for row in passing:
-            if row.allocated_vs_control_pct is None or row.allocated_vs_control_pct > -MATERIAL_SAVING_PCT:
-                change = "n/a" if row.allocated_vs_control_pct is None else f"{row.allocated_vs_control_pct:+.2f}%"
+            if (
+                row.allocated_vs_control_pct is None
+                or row.allocated_vs_control_pct > -MATERIAL_SAVING_PCT
+            ):
+                change = (
+                    "n/a"
+                    if row.allocated_vs_control_pct is None
+                    else f"{row.allocated_vs_control_pct:+.2f}%"
+                )
                 reserved = row.reserved_vs_control_pct
-                caching = (f"; reserved {reserved:+.2f}% is allocator caching, not a saving"
-                           if reserved is not None and reserved <= -MATERIAL_SAVING_PCT else "")
+                caching = (
+                    f"; reserved {reserved:+.2f}% is allocator caching, not a saving"
+                    if reserved is not None and reserved <= -MATERIAL_SAVING_PCT
+                    else ""
+                )
                 row.note = f"no material allocated saving ({change} vs [])" + caching
             else:
                 candidates.append(row)
     else:
         candidates = passing  # the control did not complete: any passing row is relief
     # Pareto front on (step time, allocated peak), walked from the cheapest row.
-    ordered = sorted(candidates, key=lambda r: (r.step_time_ms, r.peak_allocated_gb or 0.0, records[r.record].recompute.width))
+    ordered = sorted(
+        candidates,
+        key=lambda r: (
+            r.step_time_ms,
+            r.peak_allocated_gb or 0.0,
+            records[r.record].recompute.width,
+        ),
+    )
     ranked: list[Row] = []
     for row in ordered:
-        dominating = next((r for r in ranked if row.peak_allocated_gb is not None and r.peak_allocated_gb is not None
-                           and r.peak_allocated_gb <= row.peak_allocated_gb), None)
+        dominating = next(
+            (
+                r
+                for r in ranked
+                if row.peak_allocated_gb is not None
+                and r.peak_allocated_gb is not None
+                and r.peak_allocated_gb <= row.peak_allocated_gb
+            ),
+            None,
+        )
         if dominating is not None:
             row.note = f"dominated by {dominating.label}: no lower allocated peak, more step time"
             continue
@@ -215,11 +263,19 @@ def analyse(records: Sequence[Record]) -> Analysis:
             _failed_verdict(row, by_id[row.record], control)
     control_row = next(row for row in rows if row.verdict == "control")
     if not completed(control):
-        control_row.note = f"control did not complete ({control_row.stage}): no steady-state timing to compare"
+        control_row.note = (
+            f"control did not complete ({control_row.stage}): no steady-state timing to compare"
+        )
     _rank_passing(rows, by_id, completed(control))
     rows.sort(key=lambda r: (r.verdict != "control", r.rank is None, r.rank or 0, r.label))
-    analysis = Analysis(recipe=first.workload.recipe, model=first.workload.model, control=control_row.label, rows=rows,
-                        hardware=f"{first.hardware.gpu_count}x {first.hardware.device}", revisions=_revisions(first))
+    analysis = Analysis(
+        recipe=first.workload.recipe,
+        model=first.workload.model,
+        control=control_row.label,
+        rows=rows,
+        hardware=f"{first.hardware.gpu_count}x {first.hardware.device}",
+        revisions=_revisions(first),
+    )
     analysis.conclusions = _conclusions(rows)
     return analysis
 
@@ -239,16 +295,32 @@ def _conclusions(rows: list[Row]) -> list[str]:
     first = ranked[0] if ranked else None
     lines = []
     for row in ranked:
-        cost = "" if row.time_vs_control_pct is None else f", {row.time_vs_control_pct:+.2f}% step time vs []"
-        saving = "" if row.allocated_vs_control_pct is None else f"{row.allocated_vs_control_pct:+.2f}% allocated vs []"
+        cost = (
+            ""
+            if row.time_vs_control_pct is None
+            else f", {row.time_vs_control_pct:+.2f}% step time vs []"
+        )
+        saving = (
+            ""
+            if row.allocated_vs_control_pct is None
+            else f"{row.allocated_vs_control_pct:+.2f}% allocated vs []"
+        )
         where = "first choice" if row.rank == 1 else f"choice {row.rank}"
-        if row.rank > 1 and first.peak_allocated_gb is not None and row.peak_allocated_gb is not None:
-            extra = (f" ({(row.peak_allocated_gb - first.peak_allocated_gb) * 1000:+.0f} MB = "
-                     f"{_pct(row.peak_allocated_gb, first.peak_allocated_gb):+.2f}% allocated, "
-                     f"{_pct(row.step_time_ms, first.step_time_ms):+.2f}% step time vs {first.label})")
+        if (
+            row.rank > 1
+            and first.peak_allocated_gb is not None
+            and row.peak_allocated_gb is not None
+        ):
+            extra = (
+                f" ({(row.peak_allocated_gb - first.peak_allocated_gb) * 1000:+.0f} MB = "
+                f"{_pct(row.peak_allocated_gb, first.peak_allocated_gb):+.2f}% allocated, "
+                f"{_pct(row.step_time_ms, first.step_time_ms):+.2f}% step time vs {first.label})"
+            )
         else:
             extra = ""
-        lines.append(f"{where}: {row.label} ({saving or 'completes where [] did not'}{cost}){extra}")
+        lines.append(
+            f"{where}: {row.label} ({saving or 'completes where [] did not'}{cost}){extra}"
+        )
     for row in rows:
         if row.verdict == "advanced-but-failed":
             lines.append(f"advanced but failed, not a pass: {row.label} ({row.stage})")

@@ -11,15 +11,21 @@ value the golden holds but the record lacks fails. NaN never gets here: records 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from harness.errors import UsageError
 from harness.record.effects import matched_control
 from harness.record.golden import Golden, golden_values, identity_differences
 from harness.record.golden_dir import near_misses
-from harness.record.metrics import EFFECT_METRICS, MATERIAL_COST_PCT, MATERIAL_SAVING_PCT, higher_is_better
+from harness.record.metrics import (
+    EFFECT_METRICS,
+    MATERIAL_COST_PCT,
+    MATERIAL_SAVING_PCT,
+    higher_is_better,
+)
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
 
@@ -64,8 +70,10 @@ def refresh_command(golden_path: str, record_sources: Sequence[str] = ("RECORD..
 def missing_golden_message(records: Sequence[Record], path: Path) -> str:
     """Why no golden judges ``records`` at ``path`` (the file their pins name), and how to write one."""
     nearest = near_misses(records, path)
-    return (f"no golden {path.name} for these revision pins in {path.parent}{f' ({nearest})' if nearest else ''}; "
-            f"write it from a real run: {refresh_command(str(path))}")
+    return (
+        f"no golden {path.name} for these revision pins in {path.parent}{f' ({nearest})' if nearest else ''}; "
+        f"write it from a real run: {refresh_command(str(path))}"
+    )
 
 
 def tolerance_text(rule: dict[str, Any], unit: str | None) -> str:
@@ -74,7 +82,9 @@ def tolerance_text(rule: dict[str, Any], unit: str | None) -> str:
     if rule["mode"] == "absolute":
         return f"±{rule['abs']:g} {'pp' if unit == '%' else unit or ''}".rstrip()
     floor = rule.get("floor")
-    shown = "" if not floor else f" (≥ {floor / 1e9:g} GB)" if unit == "bytes" else f" (≥ {floor:g})"
+    shown = (
+        "" if not floor else f" (≥ {floor / 1e9:g} GB)" if unit == "bytes" else f" (≥ {floor:g})"
+    )
     return f"±{rule['rel'] * 100:g}%{shown}"
 
 
@@ -91,11 +101,21 @@ def _direction(metric: str, golden: float, actual: float, effect: bool) -> str:
     """What a value outside its tolerance means, in the words a recompute regression is named by."""
     better = actual > golden if higher_is_better(metric) else actual < golden
     if not effect:
-        return "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
+        return (
+            "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
+        )
     if metric.startswith("saving_"):
-        return "FAIL: saving grew beyond tolerance, refresh the golden" if better else "FAIL: saving shrank beyond tolerance"
+        return (
+            "FAIL: saving grew beyond tolerance, refresh the golden"
+            if better
+            else "FAIL: saving shrank beyond tolerance"
+        )
     if metric == "step_time_cost_pct":
-        return "FAIL: cost shrank beyond tolerance, refresh the golden" if better else "FAIL: cost grew beyond tolerance"
+        return (
+            "FAIL: cost shrank beyond tolerance, refresh the golden"
+            if better
+            else "FAIL: cost grew beyond tolerance"
+        )
     return "FAIL: improved beyond tolerance, refresh the golden" if better else "FAIL: regressed"
 
 
@@ -115,7 +135,9 @@ def _judge(metric: str, golden: Any, actual: Any, rule: dict[str, Any]) -> Metri
     if within(golden, actual, rule):
         return MetricCheck("", metric, golden, actual, delta_pct, tolerance, "pass", difference)
     if rule["mode"] == "exact":
-        return MetricCheck("", metric, golden, actual, delta_pct, tolerance, "FAIL: changed", difference)
+        return MetricCheck(
+            "", metric, golden, actual, delta_pct, tolerance, "FAIL: changed", difference
+        )
     verdict = _direction(metric, golden, actual, found is not None and found.scope == "effect")
     return MetricCheck("", metric, golden, actual, delta_pct, tolerance, verdict, difference)
 
@@ -132,8 +154,10 @@ def _stage_text(outcome: dict[str, Any]) -> str:
 def _outcome_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str:
     """Stages compared at the golden's precision: a golden that records only an OOM's iteration
     matches a run that also knows the phase; a golden that records the phase needs the same phase."""
-    same = (golden["status"] == actual["status"]
-            and all(golden.get(key) is None or golden.get(key) == actual.get(key) for key in ("iteration", "phase")))
+    same = golden["status"] == actual["status"] and all(
+        golden.get(key) is None or golden.get(key) == actual.get(key)
+        for key in ("iteration", "phase")
+    )
     if same:
         return "pass"
     if golden["status"] == "completed":
@@ -147,10 +171,13 @@ def _outcome_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str:
 
 def _inactive_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str | None:
     """A label that saved (or cost) at the golden and now does neither has stopped acting."""
+
     def material(values: dict[str, Any]) -> tuple[bool, bool]:
         saving, cost = values.get("saving_allocated_pct"), values.get("step_time_cost_pct")
-        return (saving is not None and saving >= MATERIAL_SAVING_PCT,
-                cost is not None and abs(cost) >= MATERIAL_COST_PCT)
+        return (
+            saving is not None and saving >= MATERIAL_SAVING_PCT,
+            cost is not None and abs(cost) >= MATERIAL_COST_PCT,
+        )
 
     golden_saving, golden_cost = material(golden)
     actual_saving, actual_cost = material(actual)
@@ -159,8 +186,9 @@ def _inactive_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str | N
     return None
 
 
-def compare_records(golden: Golden, records: Sequence[Record], golden_path: str, *,
-                    across_pins: bool = False) -> Comparison:
+def compare_records(
+    golden: Golden, records: Sequence[Record], golden_path: str, *, across_pins: bool = False
+) -> Comparison:
     """Judge ``records`` against ``golden``. Raises ``UsageError`` (refusal) when pins or hardware differ.
 
     With a golden that holds effects, each row is judged first by its effect against the ``[]``
@@ -183,31 +211,60 @@ def compare_records(golden: Golden, records: Sequence[Record], golden_path: str,
     if golden.judges_effects:
         control = matched_control(records)
         if control is None:
-            raise UsageError(f"{golden_path} judges each row against its [] control, and these records have "
-                             "none: measure the [] control in the same sweep")
+            raise UsageError(
+                f"{golden_path} judges each row against its [] control, and these records have "
+                "none: measure the [] control in the same sweep"
+            )
     for row in golden.rows:
         record = by_label.pop(row.label, None)
         if record is None:
-            comparison.checks.append(MetricCheck(row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"))
+            comparison.checks.append(
+                MetricCheck(
+                    row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"
+                )
+            )
             continue
         actual_stage = record.outcome.stage()
-        comparison.checks.append(MetricCheck(
-            row.label, "outcome", _stage_text(row.outcome), _stage_text(actual_stage), None, "at the golden's precision",
-            _outcome_verdict(row.outcome, actual_stage),
-        ))
+        comparison.checks.append(
+            MetricCheck(
+                row.label,
+                "outcome",
+                _stage_text(row.outcome),
+                _stage_text(actual_stage),
+                None,
+                "at the golden's precision",
+                _outcome_verdict(row.outcome, actual_stage),
+            )
+        )
         actual_values = golden_values(record, golden.peak_scope, control)
         effect_row = golden.judges_effects and not row.recompute.is_control
         judged = [name for name in EFFECT_METRICS if name in row.values] if effect_row else []
         # Counts stay judged on every row; absolute values on the control (or every row of a golden
         # without effects).
-        judged += [name for name in row.values if name not in EFFECT_METRICS
-                   and (not effect_row or metric_named(name).scope == "count")]
+        judged += [
+            name
+            for name in row.values
+            if name not in EFFECT_METRICS
+            and (not effect_row or metric_named(name).scope == "count")
+        ]
         inactive = _inactive_verdict(row.values, actual_values) if effect_row else None
         for metric in judged:
-            check = _judge(metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric])
+            check = _judge(
+                metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric]
+            )
             if inactive and metric == "saving_allocated_pct" and not check.passed:
                 check = replace(check, verdict=inactive)
             comparison.checks.append(replace(check, label=row.label))
     for label in by_label:
-        comparison.checks.append(MetricCheck(label, "row", "absent", "present", None, "exact", "FAIL: row not in golden, refresh it"))
+        comparison.checks.append(
+            MetricCheck(
+                label,
+                "row",
+                "absent",
+                "present",
+                None,
+                "exact",
+                "FAIL: row not in golden, refresh it",
+            )
+        )
     return comparison

@@ -8,8 +8,8 @@ however far it got) with its allocated peak at or under the target.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from harness.compare.analysis import GB, completed, require_matched
 from harness.record.model import Record
@@ -39,14 +39,25 @@ def select(records: Sequence[Record], target_gb: float) -> Selection:
             considered.append((label, f"peak {peak / GB:.3f} GB over the {target_gb:g} GB target"))
         else:
             fitting.append(record)
-    fitting.sort(key=lambda r: (r.headline["step_time_ms"], r.recompute.width, r.headline["peak_allocated_bytes"]))
+    fitting.sort(
+        key=lambda r: (
+            r.headline["step_time_ms"],
+            r.recompute.width,
+            r.headline["peak_allocated_bytes"],
+        )
+    )
     for record in fitting[1:]:
-        considered.append((record.label, f"fits, but slower ({record.headline['step_time_ms']:.2f} ms)"))
+        considered.append(
+            (record.label, f"fits, but slower ({record.headline['step_time_ms']:.2f} ms)")
+        )
     if not fitting:
         return Selection(target_gb, None, None, None, considered)
     best = fitting[0]
     headline = best.headline
     return Selection(
-        target_gb, best.label,
-        headline["peak_allocated_bytes"] / GB, headline["step_time_ms"], considered,
+        target_gb,
+        best.label,
+        headline["peak_allocated_bytes"] / GB,
+        headline["step_time_ms"],
+        considered,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import types
 import typing
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from harness.errors import UsageError
@@ -19,7 +19,7 @@ _TRUE_WORDS = ("true", "1", "yes", "on")
 _FALSE_WORDS = ("false", "0", "no", "off")
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_types(config_class: type) -> dict[str, Any]:
     return typing.get_type_hints(config_class)
 
@@ -58,7 +58,7 @@ def _coerce(text: str, annotation: Any) -> Any:
             if str(choice) == text:
                 return choice
         raise ValueError(f"expected one of {', '.join(map(str, args))}")
-    if origin in (list, typing.List):
+    if origin in (list, list):
         item = args[0] if args else str
         return [] if text == "" else [_coerce(part.strip(), item) for part in text.split(",")]
     if annotation is bool:
@@ -73,7 +73,10 @@ def _coerce(text: str, annotation: Any) -> Any:
         if text in annotation.__members__:
             return annotation[text]
         raise ValueError(f"expected one of {', '.join(annotation.__members__)}")
-    if getattr(annotation, "__module__", "") == "torch" and getattr(annotation, "__name__", "") == "dtype":
+    if (
+        getattr(annotation, "__module__", "") == "torch"
+        and getattr(annotation, "__name__", "") == "dtype"
+    ):
         import torch
 
         value = getattr(torch, text, None)

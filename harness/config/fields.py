@@ -34,15 +34,15 @@ class RecomputeFields:
     num_layers: int | None = None
 
     @classmethod
-    def selective(cls, *modules: str) -> "RecomputeFields":
+    def selective(cls, *modules: str) -> RecomputeFields:
         return cls(granularity="selective", modules=tuple(modules))
 
     @classmethod
-    def full(cls, method: str = "uniform", num_layers: int = 1) -> "RecomputeFields":
+    def full(cls, method: str = "uniform", num_layers: int = 1) -> RecomputeFields:
         return cls(granularity="full", method=method, num_layers=num_layers)
 
     @classmethod
-    def parse(cls, name: str) -> "RecomputeFields":
+    def parse(cls, name: str) -> RecomputeFields:
         """The inverse of ``name``: ``[]``, ``a+b``, ``full-<method>-<layers>``, ``none``, ``selective-default``."""
         if name == CONTROL_ROW:
             return cls.selective()
@@ -51,14 +51,16 @@ class RecomputeFields:
         if name == "selective-default":
             return cls(granularity="selective")
         if name.startswith(_FULL_PREFIX):
-            method, _, count = name[len(_FULL_PREFIX):].rpartition("-")
+            method, _, count = name[len(_FULL_PREFIX) :].rpartition("-")
             if not method or not count.isdigit():
-                raise UsageError(f"row {name!r}: full rows are spelled full-<method>-<layers>, e.g. full-uniform-1")
+                raise UsageError(
+                    f"row {name!r}: full rows are spelled full-<method>-<layers>, e.g. full-uniform-1"
+                )
             return cls.full(method=method, num_layers=int(count))
         return cls.selective(*parse_labels(name, "+", f"row {name!r}"))
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RecomputeFields":
+    def from_dict(cls, data: dict[str, Any]) -> RecomputeFields:
         modules = data.get("recompute_modules")
         return cls(
             granularity=data.get("recompute_granularity"),
@@ -113,8 +115,10 @@ def parse_labels(text: str, separator: str, what: str) -> tuple[str, ...]:
     """Labels joined by ``separator``; every label non-empty, without spaces (syntax only)."""
     labels = tuple(text.split(separator))
     if not all(label and label == label.strip() and " " not in label for label in labels):
-        raise UsageError(f"{what}: expected [] or labels joined by {separator!r} (non-empty, no spaces), "
-                         f"e.g. layernorm{separator}moe_act")
+        raise UsageError(
+            f"{what}: expected [] or labels joined by {separator!r} (non-empty, no spaces), "
+            f"e.g. layernorm{separator}moe_act"
+        )
     return labels
 
 
@@ -122,5 +126,7 @@ def require_known(labels: Iterable[str], known: frozenset[str], what: str) -> No
     """Refuse labels the installed Megatron Core validator does not accept (one line, exit 2)."""
     unknown = sorted(set(labels) - known)
     if unknown:
-        raise UsageError(f"{what}: unknown recompute label(s) {', '.join(unknown)} for this Megatron Core; "
-                         f"known: {', '.join(sorted(known))}")
+        raise UsageError(
+            f"{what}: unknown recompute label(s) {', '.join(unknown)} for this Megatron Core; "
+            f"known: {', '.join(sorted(known))}"
+        )

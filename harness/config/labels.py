@@ -36,7 +36,9 @@ def _rejection(modules: list[str]) -> str | None:
 def _candidates(unknown_message: str) -> set[str]:
     root = megatron_core_root()
     source = (root / "transformer" / "transformer_config.py").read_text() if root else ""
-    return set(_QUOTED_IDENTIFIER.findall(source)) | set(_QUOTED_IDENTIFIER.findall(unknown_message))
+    return set(_QUOTED_IDENTIFIER.findall(source)) | set(
+        _QUOTED_IDENTIFIER.findall(unknown_message)
+    )
 
 
 @lru_cache(maxsize=1)

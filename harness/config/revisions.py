@@ -34,13 +34,20 @@ FINGERPRINT_PATTERN = re.compile(
 # Files the derivation must find (an error when missing, never a skip), always covered: the validator
 # and its base class (where the parallelism rules live), and the checkpoint implementations.
 REQUIRED_SOURCES: tuple[str, ...] = (
-    "transformer/transformer_config.py", "model_parallel_config.py", "tensor_parallel/random.py",
+    "transformer/transformer_config.py",
+    "model_parallel_config.py",
+    "tensor_parallel/random.py",
 )
 
 FINGERPRINT_LENGTH = 16  # hex digits kept: short enough for file names, far beyond collision range
 
 # Distribution names tried in order (Transformer Engine ships under several names).
-_TE_DISTRIBUTIONS = ("transformer-engine", "transformer_engine", "transformer-engine-cu12", "transformer-engine-cu13")
+_TE_DISTRIBUTIONS = (
+    "transformer-engine",
+    "transformer_engine",
+    "transformer-engine-cu12",
+    "transformer-engine-cu13",
+)
 _GIT_TIMEOUT_S = 10.0
 
 
@@ -102,7 +109,10 @@ def fingerprint_sources(root: Path) -> list[str]:
             text = path.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
             raise IdentityError(f"{path}: unreadable Megatron Core source ({exc})") from None
-        if FINGERPRINT_PATTERN.search(text) or path.relative_to(root).as_posix() in REQUIRED_SOURCES:
+        if (
+            FINGERPRINT_PATTERN.search(text)
+            or path.relative_to(root).as_posix() in REQUIRED_SOURCES
+        ):
             found.append(path.relative_to(root).as_posix())
     return found
 
@@ -140,7 +150,11 @@ def _source_version(root: Path) -> str | None:
         return None
     constants: dict[str, Any] = {}
     for node in tree.body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+        ):
             try:
                 constants[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
@@ -154,14 +168,21 @@ def _source_version(root: Path) -> str | None:
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=_GIT_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(root), *args],
+            capture_output=True,
+            text=True,
+            timeout=_GIT_TIMEOUT_S,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _git_commit(root: Path, tracked: str = "transformer/transformer_config.py") -> tuple[str | None, str]:
+def _git_commit(
+    root: Path, tracked: str = "transformer/transformer_config.py"
+) -> tuple[str | None, str]:
     """(commit, note) of the git work tree whose *tracked* files are ``root`` (submodules, checkouts).
 
     ``tracked`` is a file under ``root`` that git must track there. A tree with local changes under
@@ -174,7 +195,10 @@ def _git_commit(root: Path, tracked: str = "transformer/transformer_config.py") 
     if commit is None:
         return None, ""
     if _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".") != "":
-        return None, f"git work tree at {commit[:12]} has local changes under {root}: no commit describes it"
+        return (
+            None,
+            f"git work tree at {commit[:12]} has local changes under {root}: no commit describes it",
+        )
     return commit, ""
 
 
@@ -185,12 +209,18 @@ def tree_identity(path: Path) -> dict[str, Any]:
     The commit comes from git and only from a clean work tree, so what the fingerprint covers is
     exactly that commit's code; anything else is ``IdentityError``.
     """
-    root = Path(path) / "megatron" / "core" if (Path(path) / "megatron" / "core").is_dir() else Path(path)
+    root = (
+        Path(path) / "megatron" / "core"
+        if (Path(path) / "megatron" / "core").is_dir()
+        else Path(path)
+    )
     fingerprint = _fingerprint(root)  # IdentityError when root is not a Megatron Core tree
     commit, note = _git_commit(root)
     if commit is None:
-        raise IdentityError(f"{root}: {note or 'not a git work tree that tracks these files'}; "
-                            "check out the commit in a clean git work tree")
+        raise IdentityError(
+            f"{root}: {note or 'not a git work tree that tracks these files'}; "
+            "check out the commit in a clean git work tree"
+        )
     version = _source_version(root)
     if version is None:
         raise IdentityError(f"{root}: no readable package_info.py, so no version")
@@ -216,8 +246,14 @@ def _imported_identity() -> dict[str, Any]:
     dist = _distribution("megatron-core")
     package = None if dist is None else {"version": dist.version, "commit": vcs_commit(dist)}
     if root is None:
-        return {"root": None, "version": None, "commit": None, "fingerprint": None, "package": package,
-                "notes": ["megatron.core is not importable"]}
+        return {
+            "root": None,
+            "version": None,
+            "commit": None,
+            "fingerprint": None,
+            "package": package,
+            "notes": ["megatron.core is not importable"],
+        }
     notes: list[str] = []
     owned = dist is not None and _owned_by(dist, root)
     version = _source_version(root) or (package["version"] if owned else None)
@@ -233,11 +269,18 @@ def _imported_identity() -> dict[str, Any]:
     # A source build's metadata carries a local "+<commit>" suffix: the same release, not a disagreement.
     disagrees = package is not None and (not owned or package["version"].split("+")[0] != version)
     if disagrees:
-        notes.append(f"package metadata says megatron-core {package['version']} (commit {package['commit']}) "
-                     f"but import loads {version} from {root}")
-    return {"root": str(root), "version": version, "commit": commit, "fingerprint": fingerprint,
-            "package": package if disagrees else None,
-            "notes": notes}
+        notes.append(
+            f"package metadata says megatron-core {package['version']} (commit {package['commit']}) "
+            f"but import loads {version} from {root}"
+        )
+    return {
+        "root": str(root),
+        "version": version,
+        "commit": commit,
+        "fingerprint": fingerprint,
+        "package": package if disagrees else None,
+        "notes": notes,
+    }
 
 
 def megatron_core_identity() -> dict[str, Any]:
@@ -254,8 +297,10 @@ def identity_problem() -> str | None:
     missing = [key for key in ("version", "fingerprint") if identity[key] is None]
     if missing:
         why = "; ".join(identity["notes"]) or "no package_info.py and no package metadata for it"
-        return (f"the Megatron Core imported from {identity['root']} has no {' or '.join(missing)} ({why}): "
-                "refusing to pin a golden to it")
+        return (
+            f"the Megatron Core imported from {identity['root']} has no {' or '.join(missing)} ({why}): "
+            "refusing to pin a golden to it"
+        )
     return None
 
 
@@ -321,7 +366,9 @@ def _collect() -> dict[str, Any]:
     if identity["root"] is not None:
         megatron_core = {key: identity[key] for key in ("version", "commit", "fingerprint")}
         if identity["package"] is not None:
-            megatron_core["package"] = identity["package"]  # the metadata's claim, kept next to the truth
+            megatron_core["package"] = identity[
+                "package"
+            ]  # the metadata's claim, kept next to the truth
     te = next((d for d in map(_distribution, _TE_DISTRIBUTIONS) if d is not None), None)
     return {
         "torch": None if torch is None else torch.version,

@@ -12,7 +12,7 @@ import dataclasses
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
 from harness.config.fields import RecomputeFields
@@ -30,7 +30,9 @@ BASE_MODEL: dict[str, Any] = {"num_layers": 4, "hidden_size": 64, "num_attention
 class ConfigRejected(Exception):
     """The real validator rejected a configuration."""
 
-    def __init__(self, rule: str, message: str, mcore_exception: str, warning_rules: tuple[str, ...]) -> None:
+    def __init__(
+        self, rule: str, message: str, mcore_exception: str, warning_rules: tuple[str, ...]
+    ) -> None:
         super().__init__(f"[{rule}] {message}")
         self.rule = rule
         self.message = message
@@ -38,7 +40,7 @@ class ConfigRejected(Exception):
         self.warning_rules = warning_rules  # warn-rules MCore emitted before rejecting
 
     @classmethod
-    def from_exception(cls, exc: Exception, warning_rules: tuple[str, ...] = ()) -> "ConfigRejected":
+    def from_exception(cls, exc: Exception, warning_rules: tuple[str, ...] = ()) -> ConfigRejected:
         """The verdict carried by one of ``MCORE_REJECTIONS`` (the matrix rule is matched on its message)."""
         return cls(rule_for_message(str(exc)), str(exc), type(exc).__name__, warning_rules)
 
@@ -77,7 +79,7 @@ def config_class_for(fields: Mapping[str, Any]) -> type:
     return mla if fields.get("multi_latent_attention") else transformer
 
 
-@lru_cache(maxsize=None)
+@cache
 def config_defaults(config_class: type) -> dict[str, Any]:
     """Declared default of every field of ``config_class`` (before ``__post_init__`` runs)."""
     defaults: dict[str, Any] = {}
@@ -101,7 +103,9 @@ def check_config(fields: Mapping[str, Any]) -> tuple[Any, tuple[str, ...]]:
         try:
             config = config_class_for(kwargs)(**kwargs)
         except MCORE_REJECTIONS as exc:
-            raise ConfigRejected.from_exception(exc, warning_rules_for(str(w.message) for w in caught)) from exc
+            raise ConfigRejected.from_exception(
+                exc, warning_rules_for(str(w.message) for w in caught)
+            ) from exc
     return config, warning_rules_for(str(w.message) for w in caught)
 
 
@@ -111,7 +115,12 @@ def validate(fields: Mapping[str, Any]) -> Verdict:
         config, warning_rules = check_config(fields)
     except ConfigRejected as rejected:
         return Verdict(
-            False, rejected.rule, rejected.message, rejected.mcore_exception, rejected.warning_rules, None
+            False,
+            rejected.rule,
+            rejected.message,
+            rejected.mcore_exception,
+            rejected.warning_rules,
+            None,
         )
     effective = RecomputeFields(
         granularity=config.recompute_granularity,
@@ -120,4 +129,3 @@ def validate(fields: Mapping[str, Any]) -> Verdict:
         num_layers=config.recompute_num_layers,
     )
     return Verdict(True, None, None, None, warning_rules, effective)
-

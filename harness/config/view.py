@@ -34,13 +34,20 @@ class ConfigView:
         self.cuda_graph_modules = _cuda_graph_scope_names(self["cuda_graph_modules"])
         self.cuda_graph_impl = self["cuda_graph_impl"]
         # An empty per-layer scope captures the whole layer, as does full-iteration capture.
-        self.whole_layer_graphed = self.cuda_graph_impl == "full_iteration" or not self.cuda_graph_modules
+        self.whole_layer_graphed = (
+            self.cuda_graph_impl == "full_iteration" or not self.cuda_graph_modules
+        )
         experts = self["num_moe_experts"]
         self.is_moe = experts is not None and experts > 1
 
-    def with_fields(self, overrides: Mapping[str, Any]) -> "ConfigView":
+    def with_fields(self, overrides: Mapping[str, Any]) -> ConfigView:
         """The view after ``__post_init__`` rewrote some fields."""
-        return ConfigView({**self._fields, **overrides}, self._defaults, self.accepted_labels, str(self.te_version))
+        return ConfigView(
+            {**self._fields, **overrides},
+            self._defaults,
+            self.accepted_labels,
+            str(self.te_version),
+        )
 
     def __getitem__(self, name: str) -> Any:
         return self._fields[name] if name in self._fields else self._defaults[name]
@@ -61,5 +68,11 @@ class ConfigView:
 def _cuda_graph_scope_names(value: Any) -> frozenset[str]:
     if value is None or value == "full" or value == ["full"]:
         return frozenset()
-    items = value.split(",") if isinstance(value, str) else value if isinstance(value, list) else [value]
+    items = (
+        value.split(",")
+        if isinstance(value, str)
+        else value
+        if isinstance(value, list)
+        else [value]
+    )
     return frozenset(getattr(item, "name", item) for item in items if item)

@@ -45,7 +45,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
@@ -69,15 +68,31 @@ PATCHED_SURFACE: dict[str, dict[str, str]] = {
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": {"b179c9d95438b61c": _MCORE_019},
 }
 PINNED_CALL_SITES: dict[str, dict[str, str]] = {
-    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": {"e5e9ab39a7c1e085": _MCORE_019},
-    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": {"6821e1e397253d43": _MCORE_019},
-    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": {"d3db2ff665789365": _MCORE_019},
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": {"72036565b77136f2": _MCORE_019},
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": {"2e70032a04837267": _MCORE_019},
-    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": {"1bc8c9c07aba7453": _MCORE_019},
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.add": {
+        "e5e9ab39a7c1e085": _MCORE_019
+    },
+    "megatron.core.tensor_parallel.random.CudaRNGStatesTracker.fork": {
+        "6821e1e397253d43": _MCORE_019
+    },
+    "megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed": {
+        "d3db2ff665789365": _MCORE_019
+    },
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput.__init__": {
+        "72036565b77136f2": _MCORE_019
+    },
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutputFunction.forward": {
+        "2e70032a04837267": _MCORE_019
+    },
+    "megatron.core.tensor_parallel.random.CheckpointWithoutOutput._recompute": {
+        "1bc8c9c07aba7453": _MCORE_019
+    },
 }
 # Bound only without Transformer Engine (they are unbound names there, not replaced functions).
-FP8_DISABLED_NAMES: tuple[str, ...] = ("FP8GlobalStateManager", "activation_recompute_forward", "fp8_autocast")
+FP8_DISABLED_NAMES: tuple[str, ...] = (
+    "FP8GlobalStateManager",
+    "activation_recompute_forward",
+    "fp8_autocast",
+)
 _FORK_WARNING = "CPU RNG state changed within GPU RNG context"
 
 _enabled = False
@@ -112,8 +127,11 @@ def upstream_drift() -> list[str]:
         if source_digest(_ORIGINALS[name]) not in reviewed
     ]
     if not transformer_engine_available():
-        drift += [f"megatron.core.tensor_parallel.random.{name}: bound without TE (adapter would shadow it)"
-                  for name, bound in _FP8_NAMES_BOUND_UPSTREAM.items() if bound]
+        drift += [
+            f"megatron.core.tensor_parallel.random.{name}: bound without TE (adapter would shadow it)"
+            for name, bound in _FP8_NAMES_BOUND_UPSTREAM.items()
+            if bound
+        ]
     return drift
 
 
@@ -150,7 +168,9 @@ class _FP8Disabled:
         return None
 
 
-def _activation_recompute_forward_disabled(activation_recompute: bool = False, recompute_phase: bool = False):
+def _activation_recompute_forward_disabled(
+    activation_recompute: bool = False, recompute_phase: bool = False
+):
     """TE's ``activation_recompute_forward`` without FP8: it only marks phases for FP8 scaling."""
     return contextlib.nullcontext()
 
@@ -158,7 +178,9 @@ def _activation_recompute_forward_disabled(activation_recompute: bool = False, r
 def _fp8_autocast_disabled(enabled: bool = False, fp8_recipe: Any = None, **_: Any):
     """TE's ``fp8_autocast(enabled=False)``: a null context."""
     if enabled:
-        raise RuntimeError("FP8 requested on CPU: the CPU adapter only binds FP8's disabled meaning")
+        raise RuntimeError(
+            "FP8 requested on CPU: the CPU adapter only binds FP8's disabled meaning"
+        )
     return contextlib.nullcontext()
 
 
@@ -166,7 +188,9 @@ def _cpu_current_device() -> str:
     return "cpu"
 
 
-def _cpu_get_rng_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False) -> torch.Tensor:
+def _cpu_get_rng_state(
+    device: Any = "cuda", clone: bool = False, graph_safe: bool = False
+) -> torch.Tensor:
     return torch.get_rng_state()  # already a copy
 
 
@@ -219,8 +243,16 @@ def enable_cpu_adapter() -> bool:
     return True
 
 
-def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1, etp: int | None = None,
-                            seed: int = 1234, timeout_s: float = 120.0) -> None:
+def init_cpu_parallel_state(
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    etp: int | None = None,
+    seed: int = 1234,
+    timeout_s: float = 120.0,
+) -> None:
     """Start gloo + MCore model-parallel state + the RNG tracker on CPU (idempotent).
 
     Under torchrun (``WORLD_SIZE`` and ``MASTER_ADDR`` set) every rank joins the env:// group;
@@ -232,7 +264,9 @@ def init_cpu_parallel_state(*, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 
         if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
             dist.init_process_group("gloo", timeout=timeout)
         else:
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(
+                "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(
             tensor_model_parallel_size=tp,

@@ -33,13 +33,24 @@ class _FlashAttention(torch.autograd.Function):
     """q [b, np, s, d], k/v [b, ng, s, d|dv] views of MCore's [s, b, n, d] tensors; out [s, b, np·dv]."""
 
     @staticmethod
-    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                q_view: torch.Tensor, k_view: torch.Tensor, v_view: torch.Tensor,
-                causal: bool, scale: float) -> torch.Tensor:
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        q_view: torch.Tensor,
+        k_view: torch.Tensor,
+        v_view: torch.Tensor,
+        causal: bool,
+        scale: float,
+    ) -> torch.Tensor:
         head_dim, v_dim = q_view.shape[-1], v_view.shape[-1]
-        padded = torch.nn.functional.pad(v_view, (0, head_dim - v_dim)) if v_dim != head_dim else v_view
+        padded = (
+            torch.nn.functional.pad(v_view, (0, head_dim - v_dim)) if v_dim != head_dim else v_view
+        )
         out, logsumexp = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q_view, k_view, padded, 0.0, causal, scale=scale)
+            q_view, k_view, padded, 0.0, causal, scale=scale
+        )
         # [b, np, s, dv] -> [s, b, np·dv]: the layout MCore's linear_proj reads, kept as one storage.
         sq, b, np_ = query.shape[0], query.shape[1], query.shape[2]
         context = out[..., :v_dim].permute(2, 0, 1, 3).reshape(sq, b, np_ * v_dim).contiguous()
@@ -54,16 +65,28 @@ class _FlashAttention(torch.autograd.Function):
         sq, b, np_ = query.shape[0], query.shape[1], query.shape[2]
         head_dim, v_dim = q_view.shape[-1], ctx.v_dim
 
-        def heads(t: torch.Tensor) -> torch.Tensor:  # [s, b, np·dv] -> [b, np, s, head_dim] (zero-padded)
+        def heads(
+            t: torch.Tensor,
+        ) -> torch.Tensor:  # [s, b, np·dv] -> [b, np, s, head_dim] (zero-padded)
             t = t.reshape(sq, b, np_, v_dim).permute(1, 2, 0, 3)
             return torch.nn.functional.pad(t, (0, head_dim - v_dim)) if v_dim != head_dim else t
 
-        padded_v = torch.nn.functional.pad(v_view, (0, head_dim - v_dim)) if v_dim != head_dim else v_view
+        padded_v = (
+            torch.nn.functional.pad(v_view, (0, head_dim - v_dim)) if v_dim != head_dim else v_view
+        )
         dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            heads(grad_context).contiguous(), q_view, k_view, padded_v, heads(context).contiguous(), logsumexp,
-            0.0, ctx.causal, scale=ctx.scale)
+            heads(grad_context).contiguous(),
+            q_view,
+            k_view,
+            padded_v,
+            heads(context).contiguous(),
+            logsumexp,
+            0.0,
+            ctx.causal,
+            scale=ctx.scale,
+        )
         dv = dv[..., :v_dim]
-        to_sbhd = (lambda g: g.permute(2, 0, 1, 3).contiguous())  # noqa: E731 - [b, n, s, d] -> [s, b, n, d]
+        to_sbhd = lambda g: g.permute(2, 0, 1, 3).contiguous()
         return to_sbhd(dq), to_sbhd(dk), to_sbhd(dv), None, None, None, None, None
 
 
@@ -77,33 +100,59 @@ def fused_core_attention() -> type:
         """Drop-in for MCore's core attention (same constructor and forward signature as
         ``DotProductAttention``, plus MLA's ``k_channels``/``v_channels``), causal masks only."""
 
-        def __init__(self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str,
-                     attention_dropout: float | None = None, softmax_scale: float | None = None,
-                     cp_comm_type: str | None = None, pg_collection: Any = None,
-                     k_channels: int | None = None, v_channels: int | None = None) -> None:
+        def __init__(
+            self,
+            config: Any,
+            layer_number: int,
+            attn_mask_type: Any,
+            attention_type: str,
+            attention_dropout: float | None = None,
+            softmax_scale: float | None = None,
+            cp_comm_type: str | None = None,
+            pg_collection: Any = None,
+            k_channels: int | None = None,
+            v_channels: int | None = None,
+        ) -> None:
             super().__init__(config=config)
             dropout = config.attention_dropout if attention_dropout is None else attention_dropout
             if dropout:
-                raise ValueError("the fused CPU core attention has no attention dropout "
-                                 f"(attention_dropout={dropout}); set it to 0")
+                raise ValueError(
+                    "the fused CPU core attention has no attention dropout "
+                    f"(attention_dropout={dropout}); set it to 0"
+                )
             if config.context_parallel_size != 1:
-                raise ValueError("the fused CPU core attention does not implement context parallelism")
+                raise ValueError(
+                    "the fused CPU core attention does not implement context parallelism"
+                )
             self.attn_mask_type = attn_mask_type
             self._causal_types = (AttnMaskType.causal,)
             tp = parallel_state.get_tensor_model_parallel_world_size()
             self.num_attention_heads_per_partition = config.num_attention_heads // tp
             head_dim = k_channels if k_channels is not None else config.kv_channels
-            self.softmax_scale = softmax_scale if softmax_scale is not None else head_dim ** -0.5
+            self.softmax_scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
 
-        def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                    attention_mask: torch.Tensor | None, attn_mask_type: Any = None,
-                    attention_bias: torch.Tensor | None = None, packed_seq_params: Any = None) -> torch.Tensor:
+        def forward(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: torch.Tensor | None,
+            attn_mask_type: Any = None,
+            attention_bias: torch.Tensor | None = None,
+            packed_seq_params: Any = None,
+        ) -> torch.Tensor:
             if packed_seq_params is not None or attention_bias is not None:
-                raise ValueError("the fused CPU core attention takes no packed sequences or attention bias")
+                raise ValueError(
+                    "the fused CPU core attention takes no packed sequences or attention bias"
+                )
             mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
             if mask_type not in self._causal_types:
-                raise ValueError(f"the fused CPU core attention implements causal masks only, got {mask_type}")
-            views = [t.permute(1, 2, 0, 3) for t in (query, key, value)]  # [s, b, n, d] -> [b, n, s, d]
+                raise ValueError(
+                    f"the fused CPU core attention implements causal masks only, got {mask_type}"
+                )
+            views = [
+                t.permute(1, 2, 0, 3) for t in (query, key, value)
+            ]  # [s, b, n, d] -> [b, n, s, d]
             return _FlashAttention.apply(query, key, value, *views, True, float(self.softmax_scale))
 
     return FusedCoreAttention

@@ -25,11 +25,14 @@ import functools
 import importlib.abc
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 _NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")
-_upstream_compile: Callable[..., Any] | None = None  # torch.compile as torch defines it, once deferred
+_upstream_compile: Callable[..., Any] | None = (
+    None  # torch.compile as torch defines it, once deferred
+)
 
 
 def _deferred_compile(model: Any = None, **options: Any) -> Any:
@@ -46,7 +49,9 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
     def first_call_compiles(*args: Any, **kwargs: Any) -> Any:
         nonlocal compiled
         if compiled is None:
-            if compile_disabled():  # what upstream's compiled function does under the flag: run eagerly
+            if (
+                compile_disabled()
+            ):  # what upstream's compiled function does under the flag: run eagerly
                 return model(*args, **kwargs)
             compiled = _upstream_compile(model, **options)
         return compiled(*args, **kwargs)
@@ -100,7 +105,9 @@ class _DeferThenLoad(importlib.abc.Loader):
         defer_compile()
         self.loader.exec_module(module)
 
-    def __getattr__(self, name: str) -> Any:  # get_resource_reader, is_package, ...: the real loader's
+    def __getattr__(
+        self, name: str
+    ) -> Any:  # get_resource_reader, is_package, ...: the real loader's
         return getattr(self.loader, name)
 
 
@@ -124,7 +131,9 @@ class _BeforeMegatronCore(importlib.abc.MetaPathFinder):
 
 
 def _remove_finder() -> None:
-    sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _BeforeMegatronCore)]
+    sys.meta_path[:] = [
+        finder for finder in sys.meta_path if not isinstance(finder, _BeforeMegatronCore)
+    ]
 
 
 def defer_compile_before_megatron_core() -> None:

@@ -25,20 +25,30 @@ GPT_ANCHOR = StyleModel(
     name="gpt-anchor",
     description="Korthikanti et al.'s GPT layer: LayerNorm, biases, GELU MLP 4h, MHA without rope, dropout",
     config_kwargs={
-        "num_layers": 1, "hidden_size": 256, "num_attention_heads": 8, "ffn_hidden_size": 1024,
-        "normalization": "LayerNorm", "add_bias_linear": True, "gated_linear_unit": False,
-        "activation_func": torch.nn.functional.gelu, "bias_activation_fusion": False,
+        "num_layers": 1,
+        "hidden_size": 256,
+        "num_attention_heads": 8,
+        "ffn_hidden_size": 1024,
+        "normalization": "LayerNorm",
+        "add_bias_linear": True,
+        "gated_linear_unit": False,
+        "activation_func": torch.nn.functional.gelu,
+        "bias_activation_fusion": False,
     },
 )
 
 
-def korthikanti_layer_bytes(s: int, b: int, h: int, a: int, *, selective: bool = False, t: int = 1) -> float:
+def korthikanti_layer_bytes(
+    s: int, b: int, h: int, a: int, *, selective: bool = False, t: int = 1
+) -> float:
     """Per-layer activation bytes of Korthikanti et al. (16-bit, dropout; TP + SP over ``t``)."""
     per_sbh = 34 + (0 if selective else 5 * a * s / h)
     return s * b * h * per_sbh / t
 
 
-def megatron_lm_layer_bytes(s: int, b: int, h: int, ffn: int, *, t: int = 1, sequence_parallel: bool = True) -> float:
+def megatron_lm_layer_bytes(
+    s: int, b: int, h: int, ffn: int, *, t: int = 1, sequence_parallel: bool = True
+) -> float:
     """Per-layer activation bytes of Megatron-LM's theoretical_memory_usage.py (selective recompute)."""
     if sequence_parallel:
         return s * b * h * (18 + 4 * ffn / h) / t

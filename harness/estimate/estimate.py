@@ -32,13 +32,13 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
-from harness.record.build import now_iso
 from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
 from harness.processes import run_bounded
-from harness.config.fields import CONTROL_ROW, RecomputeFields
+from harness.record.build import now_iso
 from harness.run.recipes import Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
@@ -46,7 +46,13 @@ WORKER_TIMEOUT_S = 600.0
 UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.status), plus this one
 # recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
 # resolve to fused or flash attention on Hopper; both keep q, k, v, output and softmax statistics).
-ATTENTION_FOR_RECIPE = {"fused": "fused", "flash": "fused", "auto": "fused", "local": "unfused", "unfused": "unfused"}
+ATTENTION_FOR_RECIPE = {
+    "fused": "fused",
+    "flash": "fused",
+    "auto": "fused",
+    "local": "unfused",
+    "unfused": "unfused",
+}
 _EXPERT_INDEX = re.compile(r"local_experts\.\d+")
 
 
@@ -59,13 +65,19 @@ class EstimateRow:
     retained_bytes: int | None = None
     saving_bytes: int | None = None
     saving_pct: float | None = None
-    partial_saving_bytes: int | None = None  # requires-TE rows: what the labels that run on CPU save
-    per_kind: dict[str, dict[str, int]] = field(default_factory=dict)  # kind -> layers, retained, saving
+    partial_saving_bytes: int | None = (
+        None  # requires-TE rows: what the labels that run on CPU save
+    )
+    per_kind: dict[str, dict[str, int]] = field(
+        default_factory=dict
+    )  # kind -> layers, retained, saving
     # Per module ("kind:path"), bytes [] retains there minus what this row retains there, largest first.
     # Negative entries are bytes that moved: a checkpoint's saved inputs are charged to the module
     # that ran the checkpoint, where [] charged them to the module that first saved them.
     removed: list[dict[str, Any]] = field(default_factory=list)
-    attribution: dict[str, int] = field(default_factory=dict)  # the control only: retained bytes per module
+    attribution: dict[str, int] = field(
+        default_factory=dict
+    )  # the control only: retained bytes per module
 
 
 @dataclass
@@ -82,11 +94,17 @@ class Estimate:
     layers: dict[str, int]
     in_flight_microbatches: int
     probe_seq_lengths: list[int]
-    score_bytes_per_s2: dict[str, float]  # kind -> s² coefficient of []'s fit (0 under fused attention)
+    score_bytes_per_s2: dict[
+        str, float
+    ]  # kind -> s² coefficient of []'s fit (0 under fused attention)
     scope: str
     rows: list[EstimateRow]
-    revisions: dict[str, Any] = field(default_factory=dict)  # torch / megatron_core / transformer_engine
-    provenance: dict[str, Any] = field(default_factory=dict)  # source, command, host, date of the run
+    revisions: dict[str, Any] = field(
+        default_factory=dict
+    )  # torch / megatron_core / transformer_engine
+    provenance: dict[str, Any] = field(
+        default_factory=dict
+    )  # source, command, host, date of the run
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,8 +116,10 @@ def attention_backend_for(recipe: Recipe, override: str | None) -> str:
     try:
         return ATTENTION_FOR_RECIPE[recipe.attention_backend]
     except KeyError:
-        raise UsageError(f"recipe {recipe.name!r}: attention_backend {recipe.attention_backend!r} has no CPU "
-                         f"counterpart (known: {', '.join(ATTENTION_FOR_RECIPE)})") from None
+        raise UsageError(
+            f"recipe {recipe.name!r}: attention_backend {recipe.attention_backend!r} has no CPU "
+            f"counterpart (known: {', '.join(ATTENTION_FOR_RECIPE)})"
+        ) from None
 
 
 def check_estimable(recipe: Recipe) -> None:
@@ -109,41 +129,70 @@ def check_estimable(recipe: Recipe) -> None:
     if recipe.device != "cuda":
         raise UsageError(f"{where} is a CPU recipe: run it (or probe it) instead of estimating it")
     if layout.cp != 1:
-        raise UsageError(f"{where}: context parallel {layout.cp} is not modelled (the CPU core attentions have no CP)")
+        raise UsageError(
+            f"{where}: context parallel {layout.cp} is not modelled (the CPU core attentions have no CP)"
+        )
     if layout.vpp is not None:
         raise UsageError(f"{where}: interleaved pipeline (vpp={layout.vpp}) is not modelled")
     if layout.tp > 8:
-        raise UsageError(f"{where}: TP {layout.tp} would start {layout.tp} CPU ranks here; at most 8 are run")
+        raise UsageError(
+            f"{where}: TP {layout.tp} would start {layout.tp} CPU ranks here; at most 8 are run"
+        )
     if recipe.backend == "bridge" and recipe.backend_options.get("recipe") != "moonlight_16b":
         raise UsageError(
             f"{where}: no CPU layer model for {recipe.model!r} (its Mamba layers need CUDA kernels: "
-            "mamba_ssm / causal_conv1d); estimate covers Moonlight and mcore style-model recipes")
+            "mamba_ssm / causal_conv1d); estimate covers Moonlight and mcore style-model recipes"
+        )
 
 
-def measure_recipe(recipe: Recipe, rows: list[str], attention_backend: str,
-                   seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
-                   timeout_s: float = WORKER_TIMEOUT_S) -> list[dict[str, Any]]:
+def measure_recipe(
+    recipe: Recipe,
+    rows: list[str],
+    attention_backend: str,
+    seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
+    timeout_s: float = WORKER_TIMEOUT_S,
+) -> list[dict[str, Any]]:
     """Run the TP ranks of the worker; their per-rank results."""
     env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     with tempfile.TemporaryDirectory(prefix="recompute-estimate-") as out:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc-per-node={recipe.parallelism.tp}", "-m", "harness.estimate.worker",
-                   "--recipe", recipe.name, "--rows", json.dumps(rows),
-                   "--seqs", ",".join(str(s) for s in seq_lengths), "--attention-backend", attention_backend,
-                   "--out", out, "--timeout", str(timeout_s)]
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={recipe.parallelism.tp}",
+            "-m",
+            "harness.estimate.worker",
+            "--recipe",
+            recipe.name,
+            "--rows",
+            json.dumps(rows),
+            "--seqs",
+            ",".join(str(s) for s in seq_lengths),
+            "--attention-backend",
+            attention_backend,
+            "--out",
+            out,
+            "--timeout",
+            str(timeout_s),
+        ]
         child = run_bounded(command, timeout_s=timeout_s, env=env)
         if child is None:
             raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
         results = [json.loads(path.read_text()) for path in sorted(Path(out).glob("rank*.json"))]
         if child.returncode != 0 or len(results) != recipe.parallelism.tp:
             tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(f"the estimate's layer measurement failed (exit {child.returncode}): {tail}")
+            raise RuntimeError(
+                f"the estimate's layer measurement failed (exit {child.returncode}): {tail}"
+            )
     return results
 
 
-def _at_target(measurements: list[dict[str, Any]], target: int) -> tuple[Fraction, dict[str, Fraction]]:
+def _at_target(
+    measurements: list[dict[str, Any]], target: int
+) -> tuple[Fraction, dict[str, Fraction]]:
     """A row's layer bytes and per-module attribution, extrapolated to ``target``."""
     lengths = [m["seq_length"] for m in measurements]
     total = extrapolate(lengths, [m["retained_bytes"] for m in measurements], target)
@@ -164,63 +213,134 @@ def hot_stage_layers(layer_kinds: list[str], pp: int, where: str) -> dict[str, i
     return dict(counts)
 
 
-def assemble(recipe: Recipe, rows: list[str], attention_backend: str, results: list[dict[str, Any]],
-             seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS) -> Estimate:
+def assemble(
+    recipe: Recipe,
+    rows: list[str],
+    attention_backend: str,
+    results: list[dict[str, Any]],
+    seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
+) -> Estimate:
     """Per-rank results -> the estimate on the hot rank."""
     where = f"recipe {recipe.name!r}"
     first = results[0]
     layout = recipe.parallelism
     layers = hot_stage_layers(first["layer_kinds"], layout.pp, where)
-    micro_batches = recipe.global_batch_size // (recipe.micro_batch_size * layout.data_parallel(recipe.world_size))
+    micro_batches = recipe.global_batch_size // (
+        recipe.micro_batch_size * layout.data_parallel(recipe.world_size)
+    )
     in_flight = min(layout.pp, micro_batches)
 
     def rank_total(result: dict[str, Any], row: str) -> Fraction | None:
         kinds = result["kinds"]
         if any(row not in kinds[kind] for kind in layers):
             return None
-        return sum((_at_target(kinds[kind][row], recipe.seq_length)[0] * count for kind, count in layers.items()),
-                   Fraction(0)) * in_flight
+        return (
+            sum(
+                (
+                    _at_target(kinds[kind][row], recipe.seq_length)[0] * count
+                    for kind, count in layers.items()
+                ),
+                Fraction(0),
+            )
+            * in_flight
+        )
 
     control_totals = [rank_total(result, CONTROL_ROW) for result in results]
     if any(total is None for total in control_totals):
-        raise RuntimeError(f"{where}: the [] control could not be measured: "
-                           f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}")
+        raise RuntimeError(
+            f"{where}: the [] control could not be measured: "
+            f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}"
+        )
     hot = max(range(len(results)), key=lambda r: (control_totals[r], -r))
     result = results[hot]
     control_total = control_totals[hot]
-    control_parts = {kind: _at_target(result["kinds"][kind][CONTROL_ROW], recipe.seq_length) for kind in layers}
+    control_parts = {
+        kind: _at_target(result["kinds"][kind][CONTROL_ROW], recipe.seq_length) for kind in layers
+    }
 
-    out_rows = [_row(row, result, layers, in_flight, recipe.seq_length, control_total, control_parts)
-                for row in rows]
-    score = {kind: float(quadratic_coefficient(list(seq_lengths), [m["retained_bytes"] for m in
-                                                                   result["kinds"][kind][CONTROL_ROW]]))
-             for kind in layers} if len(seq_lengths) == 3 else {}
+    out_rows = [
+        _row(row, result, layers, in_flight, recipe.seq_length, control_total, control_parts)
+        for row in rows
+    ]
+    score = (
+        {
+            kind: float(
+                quadratic_coefficient(
+                    list(seq_lengths),
+                    [m["retained_bytes"] for m in result["kinds"][kind][CONTROL_ROW]],
+                )
+            )
+            for kind in layers
+        }
+        if len(seq_lengths) == 3
+        else {}
+    )
     return Estimate(
-        recipe=recipe.name, model=first["model"], source=first["source"], attention_backend=attention_backend,
-        precision=recipe.precision, seq_length=recipe.seq_length, micro_batch_size=recipe.micro_batch_size,
-        parallelism={"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "etp": layout.expert_tp,
-                     "sequence_parallel": layout.tp > 1},
-        hot_rank=hot, layers=layers, in_flight_microbatches=in_flight, probe_seq_lengths=list(seq_lengths),
+        recipe=recipe.name,
+        model=first["model"],
+        source=first["source"],
+        attention_backend=attention_backend,
+        precision=recipe.precision,
+        seq_length=recipe.seq_length,
+        micro_batch_size=recipe.micro_batch_size,
+        parallelism={
+            "tp": layout.tp,
+            "pp": layout.pp,
+            "cp": layout.cp,
+            "ep": layout.ep,
+            "etp": layout.expert_tp,
+            "sequence_parallel": layout.tp > 1,
+        },
+        hot_rank=hot,
+        layers=layers,
+        in_flight_microbatches=in_flight,
+        probe_seq_lengths=list(seq_lengths),
         score_bytes_per_s2=score,
         scope="activations autograd retains at the end of forward in the transformer layers of the hot "
-              "pipeline stage (embedding, output layer and loss excluded: no label changes them)",
+        "pipeline stage (embedding, output layer and loss excluded: no label changes them)",
         rows=out_rows,
     )
 
 
-def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: int, target: int,
-         control_total: Fraction, control_parts: dict[str, tuple[Fraction, dict[str, Fraction]]]) -> EstimateRow:
+def _row(
+    row: str,
+    result: dict[str, Any],
+    layers: dict[str, int],
+    in_flight: int,
+    target: int,
+    control_total: Fraction,
+    control_parts: dict[str, tuple[Fraction, dict[str, Fraction]]],
+) -> EstimateRow:
     if row == CONTROL_ROW:
-        attribution = {f"{kind}:{name}": round(value * n * in_flight) for kind, n in layers.items()
-                       for name, value in control_parts[kind][1].items()}
-        return EstimateRow(row, CONTROL_STATUS, retained_bytes=round(control_total), saving_bytes=0, saving_pct=0.0,
-                           per_kind={kind: {"layers": n, "retained_bytes": round(control_parts[kind][0] * n * in_flight),
-                                            "saving_bytes": 0} for kind, n in layers.items()},
-                           attribution=dict(sorted(attribution.items(), key=lambda item: (-item[1], item[0]))))
+        attribution = {
+            f"{kind}:{name}": round(value * n * in_flight)
+            for kind, n in layers.items()
+            for name, value in control_parts[kind][1].items()
+        }
+        return EstimateRow(
+            row,
+            CONTROL_STATUS,
+            retained_bytes=round(control_total),
+            saving_bytes=0,
+            saving_pct=0.0,
+            per_kind={
+                kind: {
+                    "layers": n,
+                    "retained_bytes": round(control_parts[kind][0] * n * in_flight),
+                    "saving_bytes": 0,
+                }
+                for kind, n in layers.items()
+            },
+            attribution=dict(sorted(attribution.items(), key=lambda item: (-item[1], item[0]))),
+        )
     fields = RecomputeFields.parse(row)
     if fields.granularity == "full":
-        return EstimateRow(row, UNMEASURED, "full recompute is applied by TransformerBlock across layers; the "
-                                            "per-layer estimate measures selective recompute only")
+        return EstimateRow(
+            row,
+            UNMEASURED,
+            "full recompute is applied by TransformerBlock across layers; the "
+            "per-layer estimate measures selective recompute only",
+        )
     if row in result["rejected"]:
         rejected = result["rejected"][row]
         return EstimateRow(row, REJECTED, rejected["message"], rejected["rule"])
@@ -233,32 +353,65 @@ def _row(row: str, result: dict[str, Any], layers: dict[str, int], in_flight: in
         bytes_, modules = _at_target(result["kinds"][kind][row], target)
         control_bytes, control_modules = control_parts[kind]
         scale = count * in_flight
-        per_kind[kind] = {"layers": count, "retained_bytes": round(bytes_ * scale),
-                          "saving_bytes": round((control_bytes - bytes_) * scale)}
+        per_kind[kind] = {
+            "layers": count,
+            "retained_bytes": round(bytes_ * scale),
+            "saving_bytes": round((control_bytes - bytes_) * scale),
+        }
         total += bytes_ * scale
         for name in set(modules) | set(control_modules):
-            delta = (control_modules.get(name, Fraction(0)) - modules.get(name, Fraction(0))) * scale
+            delta = (
+                control_modules.get(name, Fraction(0)) - modules.get(name, Fraction(0))
+            ) * scale
             if delta:
                 removed[f"{kind}:{name}"] += delta
     saving = control_total - total
-    removed_list = [{"module": name, "bytes": round(value)}
-                    for name, value in sorted(removed.items(), key=lambda item: (-item[1], item[0]))]
+    removed_list = [
+        {"module": name, "bytes": round(value)}
+        for name, value in sorted(removed.items(), key=lambda item: (-item[1], item[0]))
+    ]
     pct = float(saving / control_total * 100) if control_total else None
     if row in result["requires_te"]:
         te = result["requires_te"][row]
-        return EstimateRow(row, REQUIRES_TE, te["reason"], partial_saving_bytes=round(saving),
-                           per_kind=per_kind, removed=removed_list)
-    inactive_kinds = [kind for kind, part in per_kind.items() if part["saving_bytes"] == 0 and
-                      not any(name.startswith(f"{kind}:") for name in removed)]
+        return EstimateRow(
+            row,
+            REQUIRES_TE,
+            te["reason"],
+            partial_saving_bytes=round(saving),
+            per_kind=per_kind,
+            removed=removed_list,
+        )
+    inactive_kinds = [
+        kind
+        for kind, part in per_kind.items()
+        if part["saving_bytes"] == 0 and not any(name.startswith(f"{kind}:") for name in removed)
+    ]
     if len(inactive_kinds) == len(layers):
-        return EstimateRow(row, INACTIVE, "accepted, but no layer kind retains other bytes than under []",
-                           retained_bytes=round(total), saving_bytes=0, saving_pct=0.0, per_kind=per_kind)
+        return EstimateRow(
+            row,
+            INACTIVE,
+            "accepted, but no layer kind retains other bytes than under []",
+            retained_bytes=round(total),
+            saving_bytes=0,
+            saving_pct=0.0,
+            per_kind=per_kind,
+        )
     reason = f"no effect on {', '.join(inactive_kinds)} layers" if inactive_kinds else ""
-    return EstimateRow(row, EFFECTIVE, reason, retained_bytes=round(total), saving_bytes=round(saving),
-                       saving_pct=pct, per_kind=per_kind, removed=removed_list)
+    return EstimateRow(
+        row,
+        EFFECTIVE,
+        reason,
+        retained_bytes=round(total),
+        saving_bytes=round(saving),
+        saving_pct=pct,
+        per_kind=per_kind,
+        removed=removed_list,
+    )
 
 
-def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: str | None = None) -> Estimate:
+def estimate(
+    recipe: Recipe, rows: list[str] | None = None, attention_backend: str | None = None
+) -> Estimate:
     """Measure and assemble the estimate of ``recipe`` (its own rows unless ``rows`` is given)."""
     check_estimable(recipe)
     backend = attention_backend_for(recipe, attention_backend)
@@ -270,11 +423,23 @@ def estimate(recipe: Recipe, rows: list[str] | None = None, attention_backend: s
     results = measure_recipe(recipe, chosen, backend)
     result = assemble(recipe, chosen, backend, results)
     revisions = collect_revisions()
-    result.revisions = {key: revisions[key] for key in ("torch", "megatron_core", "transformer_engine")}
-    command = ["recompute-harness", "estimate", "--recipe", recipe.name, *(["--rows", *rows] if rows else []),
-               *(["--attention-backend", attention_backend] if attention_backend else [])]
-    result.provenance = {"source": "cpu estimate run", "command": shlex.join(command),
-                         "host": socket.gethostname(), "date": now_iso()}
+    result.revisions = {
+        key: revisions[key] for key in ("torch", "megatron_core", "transformer_engine")
+    }
+    command = [
+        "recompute-harness",
+        "estimate",
+        "--recipe",
+        recipe.name,
+        *(["--rows", *rows] if rows else []),
+        *(["--attention-backend", attention_backend] if attention_backend else []),
+    ]
+    result.provenance = {
+        "source": "cpu estimate run",
+        "command": shlex.join(command),
+        "host": socket.gethostname(),
+        "date": now_iso(),
+    }
     return result
 
 
@@ -283,5 +448,7 @@ def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
     from harness.record.golden_dir import estimate_dir, golden_root
 
     core = estimate.revisions.get("megatron_core") or {}
-    return estimate_dir(golden_root(root)) / (f"{estimate.recipe}__{estimate.attention_backend}__"
-                                                  f"mcore-{core.get('version')}-{core.get('fingerprint')}.json")
+    return estimate_dir(golden_root(root)) / (
+        f"{estimate.recipe}__{estimate.attention_backend}__"
+        f"mcore-{core.get('version')}-{core.get('fingerprint')}.json"
+    )

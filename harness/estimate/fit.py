@@ -16,7 +16,9 @@ from fractions import Fraction
 def extrapolate(lengths: Sequence[int], values: Sequence[int], target: int) -> Fraction:
     """The degree-(n-1) polynomial through ``(lengths[i], values[i])``, evaluated at ``target``."""
     if len(lengths) != len(values) or len(set(lengths)) != len(lengths) or not lengths:
-        raise ValueError(f"need distinct lengths with one value each, got {list(lengths)} / {list(values)}")
+        raise ValueError(
+            f"need distinct lengths with one value each, got {list(lengths)} / {list(values)}"
+        )
     total = Fraction(0)
     for i, (xi, yi) in enumerate(zip(lengths, values)):
         term = Fraction(yi)

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from harness.config.fields import RecomputeFields
-from harness.models import set_core_attention, transformer_config
 from harness.cpu.norm import FusedRMSNorm
 from harness.estimate.model import CPU_FLAGS, MOE, Architecture
+from harness.models import set_core_attention, transformer_config
 from harness.probe.measure import retained_by_forward
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -41,8 +41,15 @@ class LayerMeasurement:
     attribution: dict[str, int] = field(default_factory=dict)
 
 
-def layer_config(arch: Architecture, fields: RecomputeFields, kind: str, *, precision: str,
-                 etp: int | None = None, dropout: bool = False) -> Any:
+def layer_config(
+    arch: Architecture,
+    fields: RecomputeFields,
+    kind: str,
+    *,
+    precision: str,
+    etp: int | None = None,
+    dropout: bool = False,
+) -> Any:
     """The real TransformerConfig of a one-layer model of ``kind`` (the validator runs here)."""
     from megatron.core import parallel_state as ps
 
@@ -57,12 +64,23 @@ def layer_config(arch: Architecture, fields: RecomputeFields, kind: str, *, prec
     if not dropout:
         overrides["hidden_dropout"] = config.get("hidden_dropout", 0.0)
         overrides["attention_dropout"] = config.get("attention_dropout", 0.0)
-    return transformer_config(arch.style, fields, dropout=dropout, dtype=DTYPES[precision], **overrides)
+    return transformer_config(
+        arch.style, fields, dropout=dropout, dtype=DTYPES[precision], **overrides
+    )
 
 
-def build_layer(arch: Architecture, fields: RecomputeFields, kind: str, *, precision: str,
-                attention_backend: str, etp: int | None = None, dropout: bool = False,
-                weights_from: torch.nn.Module | None = None, seed: int = 1234) -> torch.nn.Module:
+def build_layer(
+    arch: Architecture,
+    fields: RecomputeFields,
+    kind: str,
+    *,
+    precision: str,
+    attention_backend: str,
+    etp: int | None = None,
+    dropout: bool = False,
+    weights_from: torch.nn.Module | None = None,
+    seed: int = 1234,
+) -> torch.nn.Module:
     """One MCore ``TransformerLayer`` of ``kind``; weights drawn, or shared with ``weights_from``."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
     from megatron.core.transformer.spec_utils import build_module
@@ -70,7 +88,9 @@ def build_layer(arch: Architecture, fields: RecomputeFields, kind: str, *, preci
     config = layer_config(arch, fields, kind, precision=precision, etp=etp, dropout=dropout)
     if attention_backend == "fused":
         config.attention_dropout = 0.0
-    block_spec = get_gpt_decoder_block_spec(config, use_transformer_engine=False, normalization=config.normalization)
+    block_spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=False, normalization=config.normalization
+    )
     set_core_attention(block_spec, attention_backend, arch.style.mla)
     _gpu_norms(block_spec, config.normalization, config.sequence_parallel)
     layer = build_module(block_spec.layer_specs[0], config=config, layer_number=1)
@@ -101,8 +121,8 @@ def _draw_weights(layer: torch.nn.Module, seed: int) -> None:
                 flat.copy_(torch.randn(flat.numel(), generator=generator) * 0.02)
                 continue
             for start in range(0, flat.numel(), _PATTERN_ELEMENTS):
-                chunk = flat[start:start + _PATTERN_ELEMENTS]
-                chunk.copy_(pattern[:chunk.numel()])
+                chunk = flat[start : start + _PATTERN_ELEMENTS]
+                chunk.copy_(pattern[: chunk.numel()])
 
 
 def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> None:
@@ -115,7 +135,9 @@ def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> 
 
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    def sequence_parallel_norm(config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any) -> torch.nn.Module:
+    def sequence_parallel_norm(
+        config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any
+    ) -> torch.nn.Module:
         local = copy.copy(config)
         local.sequence_parallel = False
         norm = WrappedTorchNorm(config=local, hidden_size=hidden_size, eps=eps, **kwargs)
@@ -123,7 +145,13 @@ def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> 
             parameter.sequence_parallel = True
         return norm
 
-    replacement = FusedRMSNorm if normalization == "RMSNorm" else sequence_parallel_norm if sequence_parallel else None
+    replacement = (
+        FusedRMSNorm
+        if normalization == "RMSNorm"
+        else sequence_parallel_norm
+        if sequence_parallel
+        else None
+    )
     if replacement is None:
         return
     for layer_spec in block_spec.layer_specs:
@@ -132,7 +160,9 @@ def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> 
                 setattr(layer_spec.submodules, name, replacement)
 
 
-def measure_layer(layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0) -> LayerMeasurement:
+def measure_layer(
+    layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0
+) -> LayerMeasurement:
     """Forward ``layer`` once on this rank's ``[s/tp, b, h]`` slice; retained bytes at its end."""
     from megatron.core import parallel_state as ps
 
@@ -140,10 +170,13 @@ def measure_layer(layer: torch.nn.Module, seq_length: int, micro_batch_size: int
     tp = ps.get_tensor_model_parallel_world_size()
     local = seq_length // tp if config.sequence_parallel else seq_length
     generator = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(local, micro_batch_size, config.hidden_size, generator=generator).to(config.params_dtype)
+    hidden = torch.randn(local, micro_batch_size, config.hidden_size, generator=generator).to(
+        config.params_dtype
+    )
     hidden.requires_grad_(True)
     mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
-    output, retained, attribution = retained_by_forward(layer, lambda: layer(hidden, attention_mask=mask),
-                                                        shared=(mask,))
+    output, retained, attribution = retained_by_forward(
+        layer, lambda: layer(hidden, attention_mask=mask), shared=(mask,)
+    )
     del output
     return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from harness.models import StyleModel, style_model
 from harness.errors import UsageError
+from harness.models import StyleModel, style_model
 from harness.run.recipes import Recipe
 
 DENSE, MOE = "dense", "moe"
@@ -59,7 +59,11 @@ class Architecture:
 
 
 def _moonlight_16b() -> Architecture:
-    text = resources.files("harness").joinpath("data", "bridge", "moonlight-16b-a3b.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("harness")
+        .joinpath("data", "bridge", "moonlight-16b-a3b.json")
+        .read_text(encoding="utf-8")
+    )
     hf = json.loads(text)
     layers = hf["num_hidden_layers"]
     dense_first = hf["first_k_dense_replace"]
@@ -99,10 +103,17 @@ def _moonlight_16b() -> Architecture:
         "moe_router_load_balancing_type": "seq_aux_loss" if hf["seq_aux"] else "aux_loss",
         "moe_aux_loss_coeff": hf["aux_loss_alpha"],
     }
-    style = StyleModel("moonlight-16b", "Moonlight-16B-A3B: MLA (q_lora_rank None) + 64-expert MoE, first layer dense",
-                       config, mla=True)
-    return Architecture(style, "harness/data/bridge/moonlight-16b-a3b.json (Moonlight-16B-A3B config.json)",
-                        tuple(MOE if f else DENSE for f in freq))
+    style = StyleModel(
+        "moonlight-16b",
+        "Moonlight-16B-A3B: MLA (q_lora_rank None) + 64-expert MoE, first layer dense",
+        config,
+        mla=True,
+    )
+    return Architecture(
+        style,
+        "harness/data/bridge/moonlight-16b-a3b.json (Moonlight-16B-A3B config.json)",
+        tuple(MOE if f else DENSE for f in freq),
+    )
 
 
 def _style(recipe: Recipe) -> Architecture:
@@ -117,7 +128,9 @@ def _style(recipe: Recipe) -> Architecture:
         kinds = tuple(MOE if f else DENSE for f in freq)
     else:
         kinds = tuple(MOE if i % int(freq or 1) == 0 else DENSE for i in range(layers))
-    return Architecture(style, f"style model {style.name} + recipe {recipe.name} [mcore.config]", kinds)
+    return Architecture(
+        style, f"style model {style.name} + recipe {recipe.name} [mcore.config]", kinds
+    )
 
 
 def architecture(recipe: Recipe) -> Architecture:
@@ -129,8 +142,11 @@ def architecture(recipe: Recipe) -> Architecture:
     else:
         raise UsageError(
             f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r} (its Mamba layers need CUDA "
-            "kernels: mamba_ssm / causal_conv1d); estimate covers Moonlight-style and mcore style-model recipes")
+            "kernels: mamba_ssm / causal_conv1d); estimate covers Moonlight-style and mcore style-model recipes"
+        )
     if len(arch.layer_kinds) != arch.config["num_layers"]:
-        raise UsageError(f"recipe {recipe.name!r}: moe_layer_freq has {len(arch.layer_kinds)} entries "
-                         f"for {arch.config['num_layers']} layers")
+        raise UsageError(
+            f"recipe {recipe.name!r}: moe_layer_freq has {len(arch.layer_kinds)} entries "
+            f"for {arch.config['num_layers']} layers"
+        )
     return arch

@@ -35,22 +35,37 @@ def load_estimate(path: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a readable estimate JSON file: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("recipe"), str) or not isinstance(data.get("rows"), list) \
-            or not all(isinstance(row, dict) and all(key in row for key in _ROW_KEYS) for row in data["rows"]):
-        raise UsageError(f"{path}: not an estimate (expected recipe and rows with {', '.join(_ROW_KEYS)})")
+    if (
+        not isinstance(data, dict)
+        or not isinstance(data.get("recipe"), str)
+        or not isinstance(data.get("rows"), list)
+        or not all(
+            isinstance(row, dict) and all(key in row for key in _ROW_KEYS) for row in data["rows"]
+        )
+    ):
+        raise UsageError(
+            f"{path}: not an estimate (expected recipe and rows with {', '.join(_ROW_KEYS)})"
+        )
     return data
 
 
 def estimate_vs_measured(analysis: Analysis, estimate: dict[str, Any]) -> list[VersusRow]:
     if estimate["recipe"] != analysis.recipe:
-        raise UsageError(f"the estimate is for recipe {estimate['recipe']!r}, the records for {analysis.recipe!r}")
+        raise UsageError(
+            f"the estimate is for recipe {estimate['recipe']!r}, the records for {analysis.recipe!r}"
+        )
     control = next((row for row in analysis.rows if row.verdict == "control"), None)
     measured: dict[str, int | None] = {}
     for row in analysis.rows:
-        comparable = (control is not None and row.peak_allocated_gb is not None
-                      and control.peak_allocated_gb is not None
-                      and (row is control or row.allocated_vs_control_pct is not None))
-        measured[row.label] = round((control.peak_allocated_gb - row.peak_allocated_gb) * GB) if comparable else None
+        comparable = (
+            control is not None
+            and row.peak_allocated_gb is not None
+            and control.peak_allocated_gb is not None
+            and (row is control or row.allocated_vs_control_pct is not None)
+        )
+        measured[row.label] = (
+            round((control.peak_allocated_gb - row.peak_allocated_gb) * GB) if comparable else None
+        )
     out = []
     for row in estimate["rows"]:
         estimated = row["saving_bytes"]
@@ -70,13 +85,20 @@ def versus_markdown(rows: list[VersusRow], estimate: dict[str, Any]) -> str:
     def mb(value: int | None) -> str:
         return "–" if value is None else f"{value / 1e6:,.0f}"
 
-    lines = [f"### Estimate vs measured saving ({estimate['recipe']}, {estimate.get('attention_backend', '?')} "
-             "core attention on CPU; estimate = retained activations at the end of forward, measured = "
-             "peak allocated vs [])", "",
-             "| recompute | estimate status | estimated saving (MB) | measured saving (MB) | error |",
-             "|---|---|---|---|---|"]
+    lines = [
+        (
+            f"### Estimate vs measured saving ({estimate['recipe']}, {estimate.get('attention_backend', '?')} "
+            "core attention on CPU; estimate = retained activations at the end of forward, measured = "
+            "peak allocated vs [])"
+        ),
+        "",
+        "| recompute | estimate status | estimated saving (MB) | measured saving (MB) | error |",
+        "|---|---|---|---|---|",
+    ]
     for row in rows:
         error = "–" if row.error_pct is None else f"{row.error_pct:+.0f}%"
-        lines.append(f"| {row.label} | {row.status} | {mb(row.estimated_saving_bytes)} | "
-                     f"{mb(row.measured_saving_bytes)} | {error} |")
+        lines.append(
+            f"| {row.label} | {row.status} | {mb(row.estimated_saving_bytes)} | "
+            f"{mb(row.measured_saving_bytes)} | {error} |"
+        )
     return "\n".join(lines)

@@ -21,7 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harness.cpu.deferred_compile import defer_compile_before_megatron_core, run_compiled_helpers_eagerly
+from harness.cpu.deferred_compile import (
+    defer_compile_before_megatron_core,
+    run_compiled_helpers_eagerly,
+)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -30,12 +33,12 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from harness.config.fields import RecomputeFields
+    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
     from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
     from harness.estimate.layers import build_layer, measure_layer
     from harness.estimate.model import architecture
-    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
     from harness.probe.status import requires_te_reason, te_only_labels_missing
-    from harness.config.fields import RecomputeFields
     from harness.run.recipes import load_recipe
 
     torch.set_num_threads(1)  # one rank per core
@@ -44,9 +47,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     layout = recipe.parallelism
     init_cpu_parallel_state(tp=layout.tp, etp=layout.etp, timeout_s=args.timeout)
     seqs = [int(s) for s in args.seqs.split(",")]
-    result: dict[str, Any] = {"rank": dist.get_rank(), "kinds": {}, "rejected": {}, "requires_te": {},
-                              "layer_kinds": list(arch.layer_kinds), "model": arch.style.name,
-                              "source": arch.source}
+    result: dict[str, Any] = {
+        "rank": dist.get_rank(),
+        "kinds": {},
+        "rejected": {},
+        "requires_te": {},
+        "layer_kinds": list(arch.layer_kinds),
+        "model": arch.style.name,
+        "source": arch.source,
+    }
     rows = json.loads(args.rows)
     for kind in arch.kinds:
         base = None
@@ -58,18 +67,33 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    layer = build_layer(arch, fields, kind, precision=recipe.precision,
-                                        attention_backend=args.attention_backend, etp=layout.etp,
-                                        weights_from=base)
+                    layer = build_layer(
+                        arch,
+                        fields,
+                        kind,
+                        precision=recipe.precision,
+                        attention_backend=args.attention_backend,
+                        etp=layout.etp,
+                        weights_from=base,
+                    )
             except MCORE_REJECTIONS as exc:
                 rejected = ConfigRejected.from_exception(exc)
-                message = rejected.message.strip().splitlines()[0] if rejected.message.strip() else rejected.mcore_exception
+                message = (
+                    rejected.message.strip().splitlines()[0]
+                    if rejected.message.strip()
+                    else rejected.mcore_exception
+                )
                 result["rejected"][row] = {"message": message, "rule": rejected.rule}
                 continue
             base = layer if base is None else base
-            missing = te_only_labels_missing(fields.modules or (), layer, transformer_engine_available())
+            missing = te_only_labels_missing(
+                fields.modules or (), layer, transformer_engine_available()
+            )
             if missing:
-                result["requires_te"][row] = {"labels": missing, "reason": requires_te_reason(missing, layer)}
+                result["requires_te"][row] = {
+                    "labels": missing,
+                    "reason": requires_te_reason(missing, layer),
+                }
                 if set(missing) == set(fields.modules):
                     continue  # nothing of the row runs without TE: no measurement to make
             per_row[row] = [vars(measure_layer(layer, s, recipe.micro_batch_size)) for s in seqs]

@@ -17,7 +17,11 @@ class Disagreement:
 
     def report(self) -> str:
         def verdict(result: Prediction | Verdict) -> str:
-            text = f"accept as {result.effective.as_dict()}" if result.accepted else f"reject [{result.rule}]"
+            text = (
+                f"accept as {result.effective.as_dict()}"
+                if result.accepted
+                else f"reject [{result.rule}]"
+            )
             return text + (f" warn {list(result.warning_rules)}" if result.warning_rules else "")
 
         predicted, actual = verdict(self.predicted), verdict(self.actual)
@@ -68,4 +72,3 @@ def check(scenarios: list[Scenario], oracle: Oracle) -> list[Disagreement]:
             minimal = minimize(oracle, disagreement)
             found.setdefault(minimal.scenario, minimal)
     return list(found.values())
-

@@ -19,13 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.config.revisions import fingerprint_sources, megatron_core_root
-from harness.config.validate import config_classes, config_defaults
 from harness.config import rules as rules_module
+from harness.config.revisions import fingerprint_sources, megatron_core_root
+from harness.config.rules import RULES, UNCLASSIFIED
+from harness.config.validate import config_classes, config_defaults
 from harness.matrix import space as space_module
 from harness.matrix.check import Disagreement, compare, minimize
 from harness.matrix.oracle import Oracle
-from harness.config.rules import RULES, UNCLASSIFIED
 from harness.matrix.space import DIMENSIONS, Scenario
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -35,7 +35,11 @@ _PROJECT_ROOT = Path(__file__).resolve().parents[2]
 def _project_path(module: object) -> str:
     """A module's file relative to the project (where a reviewer edits it)."""
     path = Path(module.__file__).resolve()  # type: ignore[attr-defined]
-    return path.relative_to(_PROJECT_ROOT).as_posix() if path.is_relative_to(_PROJECT_ROOT) else str(path)
+    return (
+        path.relative_to(_PROJECT_ROOT).as_posix()
+        if path.is_relative_to(_PROJECT_ROOT)
+        else str(path)
+    )
 
 
 RULES_FILE = _project_path(rules_module)
@@ -50,7 +54,9 @@ def _literal_text(node: ast.AST) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
     if isinstance(node, ast.JoinedStr):
-        return "".join(part.value if isinstance(part, ast.Constant) else _PLACEHOLDER for part in node.values)
+        return "".join(
+            part.value if isinstance(part, ast.Constant) else _PLACEHOLDER for part in node.values
+        )
     return None
 
 
@@ -81,8 +87,10 @@ class DeadRule:
     message: str
 
     def report(self) -> str:
-        return (f"{self.rule}: no string in this Megatron Core's sources matches its message /{self.message}/; "
-                f"update or remove it in {RULES_FILE}")
+        return (
+            f"{self.rule}: no string in this Megatron Core's sources matches its message /{self.message}/; "
+            f"update or remove it in {RULES_FILE}"
+        )
 
 
 def dead_rules(root: Path | None = None) -> list[DeadRule]:
@@ -97,9 +105,17 @@ def dead_rules(root: Path | None = None) -> list[DeadRule]:
             continue
         pattern = re.compile(rule.message, re.DOTALL)
         # Only templates sharing a literal piece with the pattern can say it: the rest are skipped.
-        pieces = [piece for piece in re.split(r"\\.|[.*+?()\[\]{}|^$]", rule.message) if len(piece) >= 6]
-        candidates = [text for text in strings if any(piece in text for piece in pieces)
-                      or any(len(part) >= 6 and part.strip() in rule.message for part in text.split(_PLACEHOLDER))]
+        pieces = [
+            piece for piece in re.split(r"\\.|[.*+?()\[\]{}|^$]", rule.message) if len(piece) >= 6
+        ]
+        candidates = [
+            text
+            for text in strings
+            if any(piece in text for piece in pieces)
+            or any(
+                len(part) >= 6 and part.strip() in rule.message for part in text.split(_PLACEHOLDER)
+            )
+        ]
         if not any(_can_say(pattern, text) for text in candidates):
             dead.append(DeadRule(rule.id, rule.message))
     return dead
@@ -108,16 +124,24 @@ def dead_rules(root: Path | None = None) -> list[DeadRule]:
 def labels_without_rules(labels: Iterable[str]) -> list[str]:
     """Accepted labels that no rule names (in its condition or its message)."""
     texts = [f"{rule.condition} {rule.message or ''}" for rule in RULES]
-    return sorted(label for label in labels
-                  if not any(re.search(rf"(?<![A-Za-z0-9_]){re.escape(label)}(?![A-Za-z0-9_])", text)
-                             for text in texts))
+    return sorted(
+        label
+        for label in labels
+        if not any(
+            re.search(rf"(?<![A-Za-z0-9_]){re.escape(label)}(?![A-Za-z0-9_])", text)
+            for text in texts
+        )
+    )
 
 
 def cause_of(disagreement: Disagreement) -> tuple[str, ...]:
     """What a disagreement is about: the rules on each side, or MCore's message when no rule knows it."""
     predicted, actual = disagreement.predicted, disagreement.actual
     if actual.rule == UNCLASSIFIED:
-        return ("unclassified", (actual.message or "").strip().splitlines()[0] if actual.message else "")
+        return (
+            "unclassified",
+            (actual.message or "").strip().splitlines()[0] if actual.message else "",
+        )
     if predicted.accepted and actual.accepted:
         if predicted.warning_rules != actual.warning_rules:
             return ("warnings", ",".join(predicted.warning_rules), ",".join(actual.warning_rules))
@@ -141,14 +165,29 @@ class Cause:
             headline = f"warnings differ: matrix [{self.key[1]}], MCore [{self.key[2]}]"
         else:
             headline = "both accept, with different effective recompute fields"
-        lines = [f"{headline}: {self.count} sampled config(s); minimal one:", "  " + self.example.report()]
+        lines = [
+            f"{headline}: {self.count} sampled config(s); minimal one:",
+            "  " + self.example.report(),
+        ]
         if kind == "unclassified":
             named = fields_named(self.key[1])
             unknown = [name for name in named if not _in_space(name)]
-            lines.append(f"  fields the message names: {', '.join(named) or '(none)'}"
-                         + (f"; not in the matrix's configuration space: {', '.join(unknown)}" if unknown else ""))
-            lines.append(f"  edit: {RULES_FILE} (a rule whose message matches it, in __post_init__ order)"
-                         + (f" and {SPACE_FILE} (an option that sets {', '.join(unknown)})" if unknown else ""))
+            lines.append(
+                f"  fields the message names: {', '.join(named) or '(none)'}"
+                + (
+                    f"; not in the matrix's configuration space: {', '.join(unknown)}"
+                    if unknown
+                    else ""
+                )
+            )
+            lines.append(
+                f"  edit: {RULES_FILE} (a rule whose message matches it, in __post_init__ order)"
+                + (
+                    f" and {SPACE_FILE} (an option that sets {', '.join(unknown)})"
+                    if unknown
+                    else ""
+                )
+            )
         return "\n".join(lines)
 
 
@@ -167,7 +206,9 @@ def fields_named(message: str) -> list[str]:
 def _in_space(field_name: str) -> bool:
     if field_name == "recompute_modules":  # every scenario sets it (``Scenario.modules``)
         return True
-    return any(field_name in fields for options in DIMENSIONS.values() for fields in options.values())
+    return any(
+        field_name in fields for options in DIMENSIONS.values() for fields in options.values()
+    )
 
 
 def minimize_fully(oracle: Oracle, found: Disagreement) -> Disagreement:

@@ -9,8 +9,8 @@ from typing import Any
 from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
-from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
 from harness.config.rules import RULES, Rule
+from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
 from harness.config.view import ConfigView
 
 _DIFFERENTIAL_RULES: tuple[Rule, ...] = tuple(rule for rule in RULES if rule.differential)
@@ -29,11 +29,15 @@ class Oracle:
 
     def __init__(self, labels: frozenset[str] | None = None, te_version: str | None = None) -> None:
         self.labels = accepted_labels() if labels is None else labels
-        self.te_version = collect_revisions()["transformer_engine"] if te_version is None else te_version
+        self.te_version = (
+            collect_revisions()["transformer_engine"] if te_version is None else te_version
+        )
 
     def predict(self, fields: Mapping[str, Any]) -> Prediction:
         full = {**BASE_MODEL, **fields}
-        view = ConfigView(full, config_defaults(config_class_for(full)), self.labels, self.te_version)
+        view = ConfigView(
+            full, config_defaults(config_class_for(full)), self.labels, self.te_version
+        )
         warned: list[str] = []
         for rule in _DIFFERENTIAL_RULES:
             if not rule.predicate(view):
@@ -45,6 +49,9 @@ class Oracle:
             if rule.rewrite is not None:
                 view = view.with_fields(rule.rewrite(view))
         effective = RecomputeFields(
-            view.granularity, tuple(view.modules), view["recompute_method"], view["recompute_num_layers"]
+            view.granularity,
+            tuple(view.modules),
+            view["recompute_method"],
+            view["recompute_num_layers"],
         )
         return Prediction(True, None, tuple(warned), effective)

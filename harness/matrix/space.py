@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -24,23 +24,32 @@ MAX_LABELS = 4
 # overlap, dropouts) vary freely without an unrelated prerequisite stopping the config first.
 BASELINE_CHANCE = 0.8
 FEATURE_BASELINE_CHANCE = 0.2
-FEATURE_DIMENSIONS = ("model", "cuda_graph", "overlap", "attention_dropout", "hidden_dropout", "moe_input_jitter_eps")
+FEATURE_DIMENSIONS = (
+    "model",
+    "cuda_graph",
+    "overlap",
+    "attention_dropout",
+    "hidden_dropout",
+    "moe_input_jitter_eps",
+)
 UNKNOWN_LABEL_CHANCE = 0.1
 UNSET_MODULES_CHANCE = 0.15
 ALWAYS_DRAWN = ("recompute_granularity",)  # every granularity equally often
 # Options that trip a prerequisite rule early; drawn rarely so that deeper rules get reached.
-RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset({
-    ("recompute_method", "'every'"),
-    ("parallel", "tp1-sp"),
-    ("parallel", "pp2-no-dtype"),
-    ("overlap", "shared-expert-allgather"),
-    ("overlap", "expert-parallel-allgather"),
-    ("overlap", "expert-parallel-ep1"),
-    ("cpu_offloading", "True"),
-    ("cpu_offloading", "all-layers"),
-    ("precision", "fp32"),
-    ("moe_layer_recompute", "True"),
-})
+RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("recompute_method", "'every'"),
+        ("parallel", "tp1-sp"),
+        ("parallel", "pp2-no-dtype"),
+        ("overlap", "shared-expert-allgather"),
+        ("overlap", "expert-parallel-allgather"),
+        ("overlap", "expert-parallel-ep1"),
+        ("cpu_offloading", "True"),
+        ("cpu_offloading", "all-layers"),
+        ("precision", "fp32"),
+        ("moe_layer_recompute", "True"),
+    }
+)
 RARE_CHANCE = 0.1
 
 _MOE = {"num_moe_experts": 4, "add_bias_linear": False}
@@ -70,7 +79,11 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "moe-grouped-gemm": {**_MOE, "moe_grouped_gemm": True},
         "moe-shared-experts": {**_MOE, "moe_shared_expert_intermediate_size": 64},
         "moe-mixed-dense": {**_MOE, "moe_layer_freq": [0, 1, 1, 1]},
-        "moe-drop-pad": {**_MOE, "moe_expert_capacity_factor": 1.0, "moe_pad_expert_input_to_capacity": True},
+        "moe-drop-pad": {
+            **_MOE,
+            "moe_expert_capacity_factor": 1.0,
+            "moe_pad_expert_input_to_capacity": True,
+        },
         "mla": {"multi_latent_attention": True},
         "gdn": dict(_GDN),
     },
@@ -87,24 +100,45 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "local-mlp": {"cuda_graph_impl": "local", "cuda_graph_modules": ["mlp"]},
         "local-moe": {"cuda_graph_impl": "local", "cuda_graph_modules": ["moe"]},
         "local-moe_router": {"cuda_graph_impl": "local", "cuda_graph_modules": ["moe_router"]},
-        "te-attn-mlp": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["attn", "mlp"]},
+        "te-attn-mlp": {
+            "cuda_graph_impl": "transformer_engine",
+            "cuda_graph_modules": ["attn", "mlp"],
+        },
         "te-moe": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe"]},
-        "te-moe_router": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe_router"]},
-        "te-moe-and-router": {"cuda_graph_impl": "transformer_engine", "cuda_graph_modules": ["moe", "moe_router"]},
+        "te-moe_router": {
+            "cuda_graph_impl": "transformer_engine",
+            "cuda_graph_modules": ["moe_router"],
+        },
+        "te-moe-and-router": {
+            "cuda_graph_impl": "transformer_engine",
+            "cuda_graph_modules": ["moe", "moe_router"],
+        },
         "full-iteration": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": []},
-        "full-iteration-attn": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": ["attn"]},
+        "full-iteration-attn": {
+            "cuda_graph_impl": "full_iteration",
+            "cuda_graph_modules": ["attn"],
+        },
     },
     "overlap": {
         "none": {},
-        "shared-expert": {"moe_shared_expert_overlap": True, "moe_token_dispatcher_type": "alltoall"},
+        "shared-expert": {
+            "moe_shared_expert_overlap": True,
+            "moe_token_dispatcher_type": "alltoall",
+        },
         "shared-expert-allgather": {"moe_shared_expert_overlap": True},
         "expert-parallel": {
             "overlap_moe_expert_parallel_comm": True,
             "expert_model_parallel_size": 2,
             "moe_token_dispatcher_type": "alltoall",
         },
-        "expert-parallel-allgather": {"overlap_moe_expert_parallel_comm": True, "expert_model_parallel_size": 2},
-        "expert-parallel-ep1": {"overlap_moe_expert_parallel_comm": True, "moe_token_dispatcher_type": "alltoall"},
+        "expert-parallel-allgather": {
+            "overlap_moe_expert_parallel_comm": True,
+            "expert_model_parallel_size": 2,
+        },
+        "expert-parallel-ep1": {
+            "overlap_moe_expert_parallel_comm": True,
+            "moe_token_dispatcher_type": "alltoall",
+        },
         "both": {
             "overlap_moe_expert_parallel_comm": True,
             "expert_model_parallel_size": 2,
@@ -140,7 +174,7 @@ class Scenario:
     modules: tuple[str, ...] | None
 
     @classmethod
-    def baseline(cls) -> "Scenario":
+    def baseline(cls) -> Scenario:
         return cls(tuple((dim, next(iter(opts))) for dim, opts in DIMENSIONS.items()), None)
 
     def fields(self) -> dict[str, Any]:
@@ -161,7 +195,7 @@ class Scenario:
         return ", ".join(parts) or "baseline"
 
 
-@lru_cache(maxsize=None)
+@cache
 def options_of(dimension: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """``(baseline, common options, rare options)`` of a dimension."""
     baseline, *others = DIMENSIONS[dimension]
@@ -185,7 +219,9 @@ def sample_scenarios(count: int, labels: frozenset[str], seed: int = 0) -> list[
     known = sorted(labels)
 
     def label() -> str:
-        return rng.choice(UNKNOWN_LABELS) if rng.random() < UNKNOWN_LABEL_CHANCE else rng.choice(known)
+        return (
+            rng.choice(UNKNOWN_LABELS) if rng.random() < UNKNOWN_LABEL_CHANCE else rng.choice(known)
+        )
 
     scenarios = []
     for _ in range(count):

@@ -37,8 +37,22 @@ import torch
 _MAX_DEPTH = 4  # attribute / container nesting followed from a root; Megatron's holders sit at 1-3
 _GLOBAL_PREFIX = "megatron."
 # Objects whose attributes are code or configuration, not state a step writes.
-_OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
-           torch.nn.Parameter, torch.dtype, torch.device, str, bytes, int, float, bool, type(None))
+_OPAQUE = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    torch.nn.Parameter,
+    torch.dtype,
+    torch.device,
+    str,
+    bytes,
+    int,
+    float,
+    bool,
+    type(None),
+)
 
 
 @dataclass(frozen=True)
@@ -111,7 +125,9 @@ class _Reach:
 
     def _tensor(self, tensor: torch.Tensor, where: str, module: str) -> None:
         self._charge(tensor, where, module)
-        if tensor.is_leaf and tensor.grad is not None:  # a non-leaf's .grad is never populated (and warns)
+        if (
+            tensor.is_leaf and tensor.grad is not None
+        ):  # a non-leaf's .grad is never populated (and warns)
             self._charge(tensor.grad, where + ".grad", module)
         if tensor.grad_fn is not None:
             self._graph(tensor.grad_fn, where, module)
@@ -153,8 +169,11 @@ def _global_roots() -> list[tuple[str, object]]:
         for attribute, value in list(vars(imported).items()):
             if isinstance(value, type):
                 if value.__module__ == module_name:
-                    roots += [(f"{module_name}.{attribute}.{name}", item) for name, item in list(vars(value).items())
-                              if isinstance(item, torch.Tensor)]
+                    roots += [
+                        (f"{module_name}.{attribute}.{name}", item)
+                        for name, item in list(vars(value).items())
+                        if isinstance(item, torch.Tensor)
+                    ]
             elif not isinstance(value, _OPAQUE):
                 roots.append((f"{module_name}.{attribute}", value))
     return roots
@@ -166,8 +185,11 @@ def _young_tensors() -> list[torch.Tensor]:
 
 def _unreached_holder(tensor: torch.Tensor, ours: tuple[object, ...]) -> tuple[str, str]:
     """What holds a tensor no walk reached, judged by its young referrers (this module's own excluded)."""
-    referrers = [ref for ref in gc.get_referrers(tensor)
-                 if not any(ref is mine for mine in ours) and not isinstance(ref, types.FrameType)]
+    referrers = [
+        ref
+        for ref in gc.get_referrers(tensor)
+        if not any(ref is mine for mine in ours) and not isinstance(ref, types.FrameType)
+    ]
     if any(isinstance(ref, types.CellType) for ref in referrers):
         return "a closure cell", "<closure>"
     if referrers:
@@ -176,8 +198,9 @@ def _unreached_holder(tensor: torch.Tensor, ours: tuple[object, ...]) -> tuple[s
     return "no Python referrer (held from C++)", "<unknown>"
 
 
-def measure_carried(module: torch.nn.Module, step: Callable[[], None],
-                    excluded: list[torch.Tensor]) -> Carried:
+def measure_carried(
+    module: torch.nn.Module, step: Callable[[], None], excluded: list[torch.Tensor]
+) -> Carried:
     """Run ``step`` (the second one) with everything older frozen, and report what it left alive.
 
     ``excluded``: tensors whose storages are not carried memory by definition (the batch); parameters
@@ -206,13 +229,28 @@ def measure_carried(module: torch.nn.Module, step: Callable[[], None],
             reach.walk(value, where, "<global>")
         for name, submodule in module.named_modules():
             for attribute, value in list(vars(submodule).items()):
-                if attribute not in ("_parameters", "_modules") and not isinstance(value, torch.nn.Module):
-                    reach.walk(value, f"{name}.{attribute}" if name else attribute, name or "(model)")
+                if attribute not in ("_parameters", "_modules") and not isinstance(
+                    value, torch.nn.Module
+                ):
+                    reach.walk(
+                        value, f"{name}.{attribute}" if name else attribute, name or "(model)"
+                    )
         tensors = []
         for key, tensor in wanted.items():
-            holder, owner = reach.found[key] if key in reach.found else _unreached_holder(tensor, (young, wanted))
-            tensors.append(CarriedTensor(holder, owner, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."),
-                                         tensor.untyped_storage().nbytes()))
+            holder, owner = (
+                reach.found[key]
+                if key in reach.found
+                else _unreached_holder(tensor, (young, wanted))
+            )
+            tensors.append(
+                CarriedTensor(
+                    holder,
+                    owner,
+                    tuple(tensor.shape),
+                    str(tensor.dtype).removeprefix("torch."),
+                    tensor.untyped_storage().nbytes(),
+                )
+            )
         del young, wanted, reach
     finally:
         gc.unfreeze()

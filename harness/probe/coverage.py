@@ -17,14 +17,23 @@ from harness.probe.status import EFFECTIVE
 
 def single_label_rows(probe: ModelProbe) -> list[ProbeRowResult]:
     """The rows that probe one accepted label alone (in plan order), the deadlock probe aside."""
-    return [row for row in probe.rows if row.fields.granularity == "selective" and not row.add_bias_linear
-            and row.fields.modules is not None and len(row.fields.modules) == 1]
+    return [
+        row
+        for row in probe.rows
+        if row.fields.granularity == "selective"
+        and not row.add_bias_linear
+        and row.fields.modules is not None
+        and len(row.fields.modules) == 1
+    ]
 
 
 def unmeasured_entries(probe: ModelProbe) -> list[dict[str, Any]]:
     """The accepted labels this model does not exercise, with status, rule id and reason."""
-    return [{"label": row.label, "status": row.status, "rule": row.rule, "reason": row.reason}
-            for row in single_label_rows(probe) if row.status != EFFECTIVE]
+    return [
+        {"label": row.label, "status": row.status, "rule": row.rule, "reason": row.reason}
+        for row in single_label_rows(probe)
+        if row.status != EFFECTIVE
+    ]
 
 
 def describe_unmeasured(entry: dict[str, Any]) -> str:
@@ -34,7 +43,9 @@ def describe_unmeasured(entry: dict[str, Any]) -> str:
 
 def unmeasured_everywhere(probes: list[ModelProbe]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """label -> [(model, entry)] for the labels that no probed model exercises."""
-    exercised = {row.label for probe in probes for row in single_label_rows(probe) if row.status == EFFECTIVE}
+    exercised = {
+        row.label for probe in probes for row in single_label_rows(probe) if row.status == EFFECTIVE
+    }
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for probe in probes:
         for entry in unmeasured_entries(probe):

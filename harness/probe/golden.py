@@ -9,7 +9,7 @@ verdicts are pinned by the compatibility matrix; the deadlock by its own unit te
 from __future__ import annotations
 
 import socket
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,14 @@ from harness.errors import UsageError
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
-from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
+from harness.record.build import (
+    cpu_probe_metrics,
+    hardware,
+    new_record,
+    outcome,
+    parallelism,
+    workload,
+)
 from harness.record.golden import Golden, golden_from_records, load_golden, write_golden
 from harness.record.golden_dir import existing, golden_path_for, golden_root, newest_like, writable
 from harness.record.model import ProbeMetrics, Record
@@ -31,7 +38,9 @@ CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 def recipe_name(model: str, attention_backend: str = "unfused") -> str:
     """``cpu-probe-<model>``; fused-attention probes are their own recipe (and golden):
     ``cpu-probe-<model>-fused``. The unfused name is the historical one, so existing goldens load."""
-    return f"cpu-probe-{model}" + ("" if attention_backend == "unfused" else f"-{attention_backend}")
+    return f"cpu-probe-{model}" + (
+        "" if attention_backend == "unfused" else f"-{attention_backend}"
+    )
 
 
 def _not_bitwise(equivalence: Equivalence) -> int:
@@ -41,9 +50,13 @@ def _not_bitwise(equivalence: Equivalence) -> int:
 
 def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
     return cpu_probe_metrics(
-        retained_bytes=row.retained_bytes, backward_flops=row.backward_flops, replay_bytes=row.replay_bytes,
-        replay_ops=row.replay_ops, not_bitwise_values=_not_bitwise(row.equivalence),
-        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence), carried_bytes=row.carried_bytes,
+        retained_bytes=row.retained_bytes,
+        backward_flops=row.backward_flops,
+        replay_bytes=row.replay_bytes,
+        replay_ops=row.replay_ops,
+        not_bitwise_values=_not_bitwise(row.equivalence),
+        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence),
+        carried_bytes=row.carried_bytes,
     )
 
 
@@ -54,21 +67,32 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
-        records.append(new_record(
-            "cpu-probe",
-            workload=workload(recipe=recipe, model=probe.model, backend="cpu-probe",
-                              seq_length=probe.seq_length, micro_batch_size=probe.micro_batch_size,
-                              global_batch_size=probe.micro_batch_size, precision="fp32",
-                              attention_backend=RECORD_NAMES[probe.attention_backend], train_iters=None,
-                              parallelism=parallelism(),
-                              extra={"probe_status": row.status}),
-            hardware=hardware(CPU_HARDWARE["device"], CPU_HARDWARE["gpu_count"]),
-            recompute=row.fields,
-            metrics=row_metrics(row),
-            outcome=outcome("completed", message=f"{row.status}: {row.reason}" if row.reason else row.status),
-            revisions=revisions,
-            record_id=f"{recipe}/{row.label}",
-        ))
+        records.append(
+            new_record(
+                "cpu-probe",
+                workload=workload(
+                    recipe=recipe,
+                    model=probe.model,
+                    backend="cpu-probe",
+                    seq_length=probe.seq_length,
+                    micro_batch_size=probe.micro_batch_size,
+                    global_batch_size=probe.micro_batch_size,
+                    precision="fp32",
+                    attention_backend=RECORD_NAMES[probe.attention_backend],
+                    train_iters=None,
+                    parallelism=parallelism(),
+                    extra={"probe_status": row.status},
+                ),
+                hardware=hardware(CPU_HARDWARE["device"], CPU_HARDWARE["gpu_count"]),
+                recompute=row.fields,
+                metrics=row_metrics(row),
+                outcome=outcome(
+                    "completed", message=f"{row.status}: {row.reason}" if row.reason else row.status
+                ),
+                revisions=revisions,
+                record_id=f"{recipe}/{row.label}",
+            )
+        )
     return records
 
 
@@ -89,14 +113,23 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
     """
     records = probe_records(probe)
     path = golden_path_for(records, writable(golden_root(root)))
-    golden = golden_from_records(records, {
-        "source": "cpu probe run", "command": REFRESH_COMMAND, "host": socket.gethostname(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "gpu": None, "driver": None,
-    })
+    golden = golden_from_records(
+        records,
+        {
+            "source": "cpu probe run",
+            "command": REFRESH_COMMAND,
+            "host": socket.gethostname(),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "gpu": None,
+            "driver": None,
+        },
+    )
     golden.unmeasured = unmeasured_entries(probe)
     if path.is_file():
         try:
-            if _without_volatile(load_golden(path).to_json()) == _without_volatile(golden.to_json()):
+            if _without_volatile(load_golden(path).to_json()) == _without_volatile(
+                golden.to_json()
+            ):
                 return path, False
         except UsageError:
             pass  # an unreadable golden is replaced
@@ -122,8 +155,10 @@ def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
         previous, golden = found
         changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
         changed += _unmeasured_changes(golden, unmeasured)
-        problems.append(f"against {previous.name} (other revisions): "
-                        + (f"{len(changed)} change(s)" if changed else "no value changed"))
+        problems.append(
+            f"against {previous.name} (other revisions): "
+            + (f"{len(changed)} change(s)" if changed else "no value changed")
+        )
         problems += changed
     return path, problems
 
@@ -149,5 +184,7 @@ def _unmeasured_changes(golden: Golden, unmeasured: list[dict[str, Any]]) -> lis
 
 
 def _changed_values(comparison: Comparison) -> list[str]:
-    return [f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
-            for check in comparison.failures]
+    return [
+        f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
+        for check in comparison.failures
+    ]

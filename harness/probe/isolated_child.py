@@ -27,15 +27,23 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--attention-backend", default="unfused")
     args = parser.parse_args(argv)
     faulthandler.dump_traceback_later(args.lifetime, exit=True)
-    sizes = {key: value for key, value in (("seq_length", args.seq_length),
-                                           ("micro_batch_size", args.micro_batch_size)) if value is not None}
+    sizes = {
+        key: value
+        for key, value in (
+            ("seq_length", args.seq_length),
+            ("micro_batch_size", args.micro_batch_size),
+        )
+        if value is not None
+    }
     sizes["attention_backend"] = args.attention_backend
 
     from harness.cpu.adapter import init_cpu_parallel_state
     from harness.probe.runner import measure_row_pair
 
     init_cpu_parallel_state(seed=args.seed)
-    row = ProbeRow(RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear)
+    row = ProbeRow(
+        RecomputeFields.from_dict(json.loads(args.fields)), add_bias_linear=args.add_bias_linear
+    )
     print(READY, flush=True)
     payload = measure_row_pair(args.model, row, seed=args.seed, **sizes)
     print(RESULT + json.dumps(payload), flush=True)

@@ -62,6 +62,7 @@ class _ModuleStack:
     def _enter(self, name: str):
         def hook(module, args):
             self.names.append(name)
+
         return hook
 
     def _leave(self, module, args, output):
@@ -81,7 +82,9 @@ class _SavedTensors:
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.saved.append((weakref.ref(tensor), self.stack.names[-1] if self.stack.names else "<root>"))
+        self.saved.append(
+            (weakref.ref(tensor), self.stack.names[-1] if self.stack.names else "<root>")
+        )
         return tensor
 
     @staticmethod
@@ -119,7 +122,9 @@ class _ReplayCounter(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if torch.is_grad_enabled():
-            tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+            tensors = [
+                t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)
+            ]
             self.bytes += sum(t.numel() * t.element_size() for t in tensors)
             self.ops += 1
         return out
@@ -149,12 +154,21 @@ def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> M
         model.loss(batch).backward()
 
     carried = measure_carried(module, second_step, list(batch.values()))
-    return Measurement(loss.detach(), grads, retained_bytes, attribution,
-                       int(flops.get_total_flops()), replay.bytes, replay.ops, carried)
+    return Measurement(
+        loss.detach(),
+        grads,
+        retained_bytes,
+        attribution,
+        int(flops.get_total_flops()),
+        replay.bytes,
+        replay.ops,
+        carried,
+    )
 
 
-def retained_by_forward(module: torch.nn.Module, forward: Callable[[], Any],
-                        shared: tuple[torch.Tensor, ...] = ()) -> tuple[Any, int, dict[str, int]]:
+def retained_by_forward(
+    module: torch.nn.Module, forward: Callable[[], Any], shared: tuple[torch.Tensor, ...] = ()
+) -> tuple[Any, int, dict[str, int]]:
     """Run ``forward()`` (a forward through ``module``) under the saved-tensor hooks: its output, the
     bytes autograd still holds when it returns (deduplicated storages; parameters and the ``shared``
     inputs' storages excluded) and their attribution by module. The output is returned so the caller
@@ -172,4 +186,6 @@ def retained_by_forward(module: torch.nn.Module, forward: Callable[[], Any],
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None}
+    return {
+        name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None
+    }

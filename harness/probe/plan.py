@@ -34,7 +34,9 @@ class ProbeRow:
 
 
 def _combinations_file() -> dict:
-    return json.loads(resources.files("harness").joinpath("data/probe-combinations.json").read_text())
+    return json.loads(
+        resources.files("harness").joinpath("data/probe-combinations.json").read_text()
+    )
 
 
 def known_labels() -> frozenset[str]:
@@ -54,7 +56,9 @@ def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
     return sets
 
 
-def plan_rows(label_sets: list[tuple[str, ...]] | None = None, *, hang_probe: bool = True) -> list[ProbeRow]:
+def plan_rows(
+    label_sets: list[tuple[str, ...]] | None = None, *, hang_probe: bool = True
+) -> list[ProbeRow]:
     """Rows in table order: control, singles, combinations, full, then the deadlock probe."""
     rows = [ProbeRow(CONTROL)]
     if label_sets is not None:
@@ -63,9 +67,15 @@ def plan_rows(label_sets: list[tuple[str, ...]] | None = None, *, hang_probe: bo
     known = known_labels()
     data = _combinations_file()
     rows += [ProbeRow(RecomputeFields.selective(label)) for label in sorted(known)]
-    rows += [ProbeRow(RecomputeFields.selective(*combo)) for combo in data["combinations"]
-             if all(label in known for label in combo)]
-    rows += [ProbeRow(RecomputeFields.full(entry["method"], entry["num_layers"])) for entry in data["full"]]
+    rows += [
+        ProbeRow(RecomputeFields.selective(*combo))
+        for combo in data["combinations"]
+        if all(label in known for label in combo)
+    ]
+    rows += [
+        ProbeRow(RecomputeFields.full(entry["method"], entry["num_layers"]))
+        for entry in data["full"]
+    ]
     if hang_probe and "mlp" in known:
         rows.append(ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True))
     return rows

@@ -20,16 +20,24 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.models import StyleModel, build_model, style_model
 from harness.errors import EXIT_FAILED
-from harness.processes import exit_if_stopped
+from harness.models import StyleModel, build_model, style_model
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, ProbeRow, plan_rows
 from harness.probe.status import (
-    CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE, Equivalence, compare_numerics, requires_te_reason,
-    sum_order_reason, te_only_labels_missing,
+    CONTROL_STATUS,
+    EFFECTIVE,
+    INACTIVE,
+    REJECTED,
+    REQUIRES_TE,
+    Equivalence,
+    compare_numerics,
+    requires_te_reason,
+    sum_order_reason,
+    te_only_labels_missing,
 )
+from harness.processes import exit_if_stopped
 
 DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
 # The deadlock row is about MCore's CheckpointFunction, not a model's shape, and each isolated child
@@ -52,9 +60,13 @@ class ProbeRowResult:
     equivalence: Equivalence | None = None  # fp32, dropout off
     dropout_equivalence: Equivalence | None = None  # dropout on: equal only if the RNG replays
     attribution: dict[str, int] = field(default_factory=dict)
-    carried_bytes: int | None = None  # what a second step leaves alive after backward (harness.probe.carried)
+    carried_bytes: int | None = (
+        None  # what a second step leaves alive after backward (harness.probe.carried)
+    )
     carried_attribution: dict[str, int] = field(default_factory=dict)
-    carried_holders: list[dict[str, Any]] = field(default_factory=list)  # CarriedTensor fields, per storage
+    carried_holders: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # CarriedTensor fields, per storage
 
     @property
     def measured(self) -> bool:
@@ -66,7 +78,7 @@ class ProbeRowResult:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ProbeRowResult":
+    def from_dict(cls, data: dict[str, Any]) -> ProbeRowResult:
         data = dict(data)
         data["fields"] = RecomputeFields.from_dict(data["fields"])
         for holder in data.get("carried_holders", []):
@@ -100,34 +112,52 @@ class Baseline:
     dropout: Measurement
 
 
-def _build(model: str, fields: RecomputeFields, *, dropout: bool, add_bias_linear: bool, **sizes: Any):
+def _build(
+    model: str, fields: RecomputeFields, *, dropout: bool, add_bias_linear: bool, **sizes: Any
+):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return build_model(model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes)
 
 
-def baseline(model: str, *, add_bias_linear: bool = False, seed: int = 1234, **sizes: Any) -> Baseline:
+def baseline(
+    model: str, *, add_bias_linear: bool = False, seed: int = 1234, **sizes: Any
+) -> Baseline:
     control = _build(model, CONTROL, dropout=False, add_bias_linear=add_bias_linear, **sizes)
-    state = control.module.state_dict()  # never trained: forward + backward leave the weights as built
+    state = (
+        control.module.state_dict()
+    )  # never trained: forward + backward leave the weights as built
     fp32 = measure(control, seed=seed)
     with_dropout = _build(model, CONTROL, dropout=True, add_bias_linear=add_bias_linear, **sizes)
     with_dropout.module.load_state_dict(state)
     return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
 
 
-def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any) -> ProbeRowResult:
+def measure_row(
+    model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any
+) -> ProbeRowResult:
     """Build ``row`` with the control's weights, measure it, classify it."""
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
 
     try:
-        built = _build(model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes)
+        built = _build(
+            model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes
+        )
     except MCORE_REJECTIONS as exc:
         rejected = ConfigRejected.from_exception(exc)
-        message = rejected.message.strip().splitlines()[0] if rejected.message.strip() else rejected.mcore_exception
-        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule)
+        message = (
+            rejected.message.strip().splitlines()[0]
+            if rejected.message.strip()
+            else rejected.mcore_exception
+        )
+        return ProbeRowResult(
+            row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule
+        )
     built.module.load_state_dict(base.state)
     result = measure(built, seed=seed)
-    with_dropout = _build(model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes)
+    with_dropout = _build(
+        model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
+    )
     with_dropout.module.load_state_dict(base.state)
     dropout = measure(with_dropout, seed=seed, instrument=False)
 
@@ -141,16 +171,29 @@ def measure_row(model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, 
     elif missing_te:
         status, reason = REQUIRES_TE, requires_te_reason(missing_te, built.module)
     elif counts == control_counts:
-        status, reason = INACTIVE, "accepted, but retained bytes, backward FLOPs and replayed bytes equal []"
+        status, reason = (
+            INACTIVE,
+            "accepted, but retained bytes, backward FLOPs and replayed bytes equal []",
+        )
     else:
         status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
     return ProbeRowResult(
-        row.label, row.fields, row.add_bias_linear, status, reason, None,
-        result.retained_bytes, result.backward_flops, result.replay_bytes, result.replay_ops,
+        row.label,
+        row.fields,
+        row.add_bias_linear,
+        status,
+        reason,
+        None,
+        result.retained_bytes,
+        result.backward_flops,
+        result.replay_bytes,
+        result.replay_ops,
         equivalence,
         compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
         result.attribution,
-        result.carried.bytes, result.carried.attribution(), [asdict(tensor) for tensor in result.carried.tensors],
+        result.carried.bytes,
+        result.carried.attribution(),
+        [asdict(tensor) for tensor in result.carried.tensors],
     )
 
 
@@ -159,9 +202,12 @@ def watchdog(timeout_s: float, what: str, cleanup: Callable[[], None]) -> Iterat
     """In-process rows are not expected to hang; if one does (after an MCore bump), say which, dump
     every thread's stack, run ``cleanup`` (kill isolated children) and end the process rather than
     hang the suite. A deadlocked autograd engine releases the GIL, so the timer thread runs."""
+
     def fire() -> None:
-        sys.stderr.write(f"recompute-harness: error: hang: {what} ran past {timeout_s:.0f} s; "
-                         "stacks follow, exiting\n")
+        sys.stderr.write(
+            f"recompute-harness: error: hang: {what} ran past {timeout_s:.0f} s; "
+            "stacks follow, exiting\n"
+        )
         faulthandler.dump_traceback(all_threads=True)
         cleanup()
         os._exit(EXIT_FAILED)
@@ -187,28 +233,44 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def measure_row_pair(model: str, row: ProbeRow, *, seed: int = 1234, **sizes: Any) -> dict[str, Any]:
+def measure_row_pair(
+    model: str, row: ProbeRow, *, seed: int = 1234, **sizes: Any
+) -> dict[str, Any]:
     """Control + row in one go (the isolated child's job), as JSON-ready data."""
     with single_thread():
         base = baseline(model, add_bias_linear=row.add_bias_linear, seed=seed, **sizes)
         return measure_row(model, row, base, seed=seed, **sizes).as_dict()
 
 
-def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = None, *,
-                 hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S, hang_probe: bool = True,
-                 row_timeout_s: float = DEFAULT_ROW_TIMEOUT_S, seed: int = 1234,
-                 seq_length: int | None = None, micro_batch_size: int | None = None,
-                 attention_backend: str = "unfused") -> list[ModelProbe]:
+def probe_models(
+    models: list[str],
+    label_sets: list[tuple[str, ...]] | None = None,
+    *,
+    hang_timeout_s: float = DEFAULT_HANG_TIMEOUT_S,
+    hang_probe: bool = True,
+    row_timeout_s: float = DEFAULT_ROW_TIMEOUT_S,
+    seed: int = 1234,
+    seq_length: int | None = None,
+    micro_batch_size: int | None = None,
+    attention_backend: str = "unfused",
+) -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
     (``hang_probe=False`` leaves them out), every other row in this process under a watchdog."""
     styles = [style_model(name) for name in models]
-    sizes: dict[str, Any] = {key: value for key, value in (("seq_length", seq_length),
-                                                           ("micro_batch_size", micro_batch_size))
-                             if value is not None}
+    sizes: dict[str, Any] = {
+        key: value
+        for key, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size))
+        if value is not None
+    }
     sizes["attention_backend"] = attention_backend
     rows = plan_rows(label_sets, hang_probe=hang_probe)
-    children = [IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
-                for style in styles if style.name in HANG_PROBE_MODELS for row in rows if row.may_hang]
+    children = [
+        IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
+        for style in styles
+        if style.name in HANG_PROBE_MODELS
+        for row in rows
+        if row.may_hang
+    ]
 
     def kill_children() -> None:
         for child in children:
@@ -217,9 +279,17 @@ def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = N
     try:
         init_cpu_parallel_state(seed=seed)
         with single_thread():
-            probes = {style.name: _probe_in_process(style, [row for row in rows if not row.may_hang], seed=seed,
-                                                    sizes=sizes, row_timeout_s=row_timeout_s, cleanup=kill_children)
-                      for style in styles}
+            probes = {
+                style.name: _probe_in_process(
+                    style,
+                    [row for row in rows if not row.may_hang],
+                    seed=seed,
+                    sizes=sizes,
+                    row_timeout_s=row_timeout_s,
+                    cleanup=kill_children,
+                )
+                for style in styles
+            }
         for child in children:
             probes[child.model].rows.append(_isolated_row(child))
     finally:
@@ -227,8 +297,15 @@ def probe_models(models: list[str], label_sets: list[tuple[str, ...]] | None = N
     return list(probes.values())
 
 
-def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, sizes: dict[str, Any],
-                      row_timeout_s: float, cleanup: Callable[[], None]) -> ModelProbe:
+def _probe_in_process(
+    style: StyleModel,
+    rows: list[ProbeRow],
+    *,
+    seed: int,
+    sizes: dict[str, Any],
+    row_timeout_s: float,
+    cleanup: Callable[[], None],
+) -> ModelProbe:
     with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
         base = baseline(style.name, seed=seed, **sizes)
     results = []
@@ -236,9 +313,14 @@ def _probe_in_process(style: StyleModel, rows: list[ProbeRow], *, seed: int, siz
         exit_if_stopped()
         with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
             results.append(measure_row(style.name, row, base, seed=seed, **sizes))
-    return ModelProbe(style.name, style.description, sizes.get("seq_length", style.seq_length),
-                      sizes.get("micro_batch_size", style.micro_batch_size), results,
-                      sizes.get("attention_backend", "unfused"))
+    return ModelProbe(
+        style.name,
+        style.description,
+        sizes.get("seq_length", style.seq_length),
+        sizes.get("micro_batch_size", style.micro_batch_size),
+        results,
+        sizes.get("attention_backend", "unfused"),
+    )
 
 
 def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:
@@ -246,4 +328,10 @@ def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:
     if outcome.payload is not None:
         return ProbeRowResult.from_dict(outcome.payload)
     # "hang", or "crash" when the child died
-    return ProbeRowResult(child.row.label, child.row.fields, child.row.add_bias_linear, outcome.status, outcome.message)
+    return ProbeRowResult(
+        child.row.label,
+        child.row.fields,
+        child.row.add_bias_linear,
+        outcome.status,
+        outcome.message,
+    )

@@ -26,6 +26,7 @@ CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
 HANG, CRASH = "hang", "crash"
 
+
 @dataclass(frozen=True)
 class Equivalence:
     """Loss and parameter gradients of a row against the control's, bit for bit."""
@@ -46,8 +47,12 @@ class Equivalence:
         return f"{loss}{self.differing_grads} grads≠ (max |Δ| {self.max_abs_grad_diff:.1e})"
 
 
-def compare_numerics(loss: torch.Tensor, grads: dict[str, torch.Tensor],
-                     control_loss: torch.Tensor, control_grads: dict[str, torch.Tensor]) -> Equivalence:
+def compare_numerics(
+    loss: torch.Tensor,
+    grads: dict[str, torch.Tensor],
+    control_loss: torch.Tensor,
+    control_grads: dict[str, torch.Tensor],
+) -> Equivalence:
     import torch
 
     names = sorted(set(grads) | set(control_grads))
@@ -68,21 +73,31 @@ def sum_order_reason(labels: tuple[str, ...], equivalence: Equivalence) -> str:
     """The known sum-order cause of grads-only differences for ``labels`` ("" when bitwise or unexplained)."""
     if equivalence.bitwise or not equivalence.loss_equal:
         return ""
-    return "; ".join(f"{label}: {LABEL_FACTS[label].sum_order}" for label in labels
-                     if label in LABEL_FACTS and LABEL_FACTS[label].sum_order)
+    return "; ".join(
+        f"{label}: {LABEL_FACTS[label].sum_order}"
+        for label in labels
+        if label in LABEL_FACTS and LABEL_FACTS[label].sum_order
+    )
 
 
-def te_only_labels_missing(labels: tuple[str, ...], model: torch.nn.Module, have_te: bool) -> list[str]:
+def te_only_labels_missing(
+    labels: tuple[str, ...], model: torch.nn.Module, have_te: bool
+) -> list[str]:
     """Labels in ``labels`` whose only implementation is a TE class absent from ``model``."""
     if have_te:
         return []
     present = {type(module).__name__ for module in model.modules()}
-    return [label for label in labels
-            if label in LABEL_FACTS and LABEL_FACTS[label].te_class not in (None, *present)]
+    return [
+        label
+        for label in labels
+        if label in LABEL_FACTS and LABEL_FACTS[label].te_class not in (None, *present)
+    ]
 
 
 def requires_te_reason(missing: list[str], model: torch.nn.Module) -> str:
-    experts = sorted({type(m).__name__ for name, m in model.named_modules() if name.endswith(".experts")})
+    experts = sorted(
+        {type(m).__name__ for name, m in model.named_modules() if name.endswith(".experts")}
+    )
     parts = [
         f"{label} recompute exists only in {LABEL_FACTS[label].te_class} ({LABEL_FACTS[label].te_where}); "
         f"without Transformer Engine the experts are {'/'.join(experts) or 'absent'}, so the validator "

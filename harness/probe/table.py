@@ -49,22 +49,30 @@ def probe_table(probe: ModelProbe) -> str:
     control = probe.control
     lines = [
         f"## {probe.model} — {probe.description}",
-        f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU, {probe.attention_backend} "
-        "core attention; bytes retained by "
-        "autograd at the end of forward; FLOPs of backward (matmul-class ops); bytes a second step leaves "
-        "alive after backward (carried)",
+        (
+            f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU, {probe.attention_backend} "
+            "core attention; bytes retained by "
+            "autograd at the end of forward; FLOPs of backward (matmul-class ops); bytes a second step leaves "
+            "alive after backward (carried)"
+        ),
         "",
-        "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Carried KiB | vs `[]` KiB "
-        "| Equivalence | Status |",
+        (
+            "| Label | Retained MiB | vs `[]` | Backward GFLOPs | vs `[]` | Replayed MiB | Carried KiB | vs `[]` KiB "
+            "| Equivalence | Status |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for row in probe.rows:
         if row.measured:
-            cells = [f"{row.retained_bytes / MIB:.3f}", _pct(row.retained_bytes, control.retained_bytes),
-                     f"{row.backward_flops / 1e9:.4f}", _pct(row.backward_flops, control.backward_flops),
-                     f"{row.replay_bytes / MIB:.3f}",
-                     "-" if row.carried_bytes is None else f"{row.carried_bytes / 1024:.1f}",
-                     _delta_kib(row.carried_bytes, control.carried_bytes)]
+            cells = [
+                f"{row.retained_bytes / MIB:.3f}",
+                _pct(row.retained_bytes, control.retained_bytes),
+                f"{row.backward_flops / 1e9:.4f}",
+                _pct(row.backward_flops, control.backward_flops),
+                f"{row.replay_bytes / MIB:.3f}",
+                "-" if row.carried_bytes is None else f"{row.carried_bytes / 1024:.1f}",
+                _delta_kib(row.carried_bytes, control.carried_bytes),
+            ]
         else:
             cells = ["-"] * 7
         label = "`[]`" if row is control else f"`{row.label}`"
@@ -90,18 +98,34 @@ def attribution_table(probe: ModelProbe) -> str:
     rows = [row for row in probe.rows if row.measured]
     grouped = {row.label: grouped_attribution(row.attribution) for row in rows}
     control = grouped[probe.control.label]
-    modules = sorted({module for values in grouped.values() for module in values},
-                     key=lambda m: (-control.get(m, 0), m))
-    changed = [row.label for row in rows if row is not probe.control and grouped[row.label] != control]
-    header = ["Module (saved in its forward)", "`[]` KiB", "share", *[f"`{label}` Δ KiB" for label in changed]]
-    lines = [f"### {probe.model}: where the retained activation bytes are", "",
-             "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    modules = sorted(
+        {module for values in grouped.values() for module in values},
+        key=lambda m: (-control.get(m, 0), m),
+    )
+    changed = [
+        row.label for row in rows if row is not probe.control and grouped[row.label] != control
+    ]
+    header = [
+        "Module (saved in its forward)",
+        "`[]` KiB",
+        "share",
+        *[f"`{label}` Δ KiB" for label in changed],
+    ]
+    lines = [
+        f"### {probe.model}: where the retained activation bytes are",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
     total = sum(control.values()) or 1
     for module in modules:
         base = control.get(module, 0)
         deltas = [grouped[label].get(module, 0) - base for label in changed]
-        cells = [f"{base / 1024:.1f}", f"{base / total * 100:.1f}%",
-                 *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas]]
+        cells = [
+            f"{base / 1024:.1f}",
+            f"{base / total * 100:.1f}%",
+            *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas],
+        ]
         lines.append("| " + " | ".join([module, *cells]) + " |")
     return "\n".join(lines)
 
@@ -111,9 +135,15 @@ def unmeasured_table(probes: list[ModelProbe]) -> str:
     missing = unmeasured_everywhere(probes)
     if not missing:
         return ""
-    lines = [f"## Unmeasured labels: accepted by this Megatron Core, exercised by none of "
-             f"{', '.join(probe.model for probe in probes)}", "",
-             "| Label | Why, per model |", "|---|---|"]
+    lines = [
+        (
+            f"## Unmeasured labels: accepted by this Megatron Core, exercised by none of "
+            f"{', '.join(probe.model for probe in probes)}"
+        ),
+        "",
+        "| Label | Why, per model |",
+        "|---|---|",
+    ]
     for label, entries in missing.items():
         why = "; ".join(f"{model}: {describe_unmeasured(entry)}" for model, entry in entries)
         lines.append(f"| `{label}` | unmeasured — {why.replace('|', '/')} |")
@@ -125,17 +155,38 @@ def carried_table(probe: ModelProbe) -> str:
     rows = [row for row in probe.rows if row.measured and row.carried_bytes is not None]
     grouped = {row.label: grouped_attribution(row.carried_attribution) for row in rows}
     control = grouped.get(probe.control.label, {})
-    modules = sorted({module for values in grouped.values() for module in values},
-                     key=lambda m: (-control.get(m, 0), m))
-    changed = [row.label for row in rows if row is not probe.control and grouped[row.label] != control]
-    header = ["Holder module (carried after backward)", "`[]` KiB", *[f"`{label}` Δ KiB" for label in changed]]
-    lines = [f"### {probe.model}: memory carried across the step, by holder", "",
-             "| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    modules = sorted(
+        {module for values in grouped.values() for module in values},
+        key=lambda m: (-control.get(m, 0), m),
+    )
+    changed = [
+        row.label for row in rows if row is not probe.control and grouped[row.label] != control
+    ]
+    header = [
+        "Holder module (carried after backward)",
+        "`[]` KiB",
+        *[f"`{label}` Δ KiB" for label in changed],
+    ]
+    lines = [
+        f"### {probe.model}: memory carried across the step, by holder",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|---|" + "---:|" * (len(header) - 1),
+    ]
     for module in modules:
         base = control.get(module, 0)
         deltas = [grouped[label].get(module, 0) - base for label in changed]
-        lines.append("| " + " | ".join([module, f"{base / 1024:.1f}",
-                                        *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas]]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    module,
+                    f"{base / 1024:.1f}",
+                    *[f"{delta / 1024:+.1f}" if delta else "" for delta in deltas],
+                ]
+            )
+            + " |"
+        )
     holders = _extra_holders(probe, rows)
     if holders:
         lines += ["", "Held beyond `[]` (row: holder, shape, dtype, bytes):"]
@@ -145,6 +196,7 @@ def carried_table(probe: ModelProbe) -> str:
 
 def _extra_holders(probe: ModelProbe, rows: list[ProbeRowResult]) -> list[tuple[str, str]]:
     """Each row's held storages whose (holder, shape) the control does not hold."""
+
     def key(holder: dict[str, Any]) -> tuple[str, tuple[int, ...]]:
         return holder["holder"], tuple(holder["shape"])
 
@@ -157,12 +209,20 @@ def _extra_holders(probe: ModelProbe, rows: list[ProbeRowResult]) -> list[tuple[
         for h in row.carried_holders:
             if key(h) not in control:
                 counts[f"{h['holder']} {list(h['shape'])} {h['dtype']}"].append(h["nbytes"])
-        out += [(row.label, f"{what} ×{len(sizes)}, {sum(sizes)} bytes") for what, sizes in counts.items()]
+        out += [
+            (row.label, f"{what} ×{len(sizes)}, {sum(sizes)} bytes")
+            for what, sizes in counts.items()
+        ]
     return out
 
 
 def probe_json(probe: ModelProbe) -> dict[str, Any]:
-    return {"model": probe.model, "description": probe.description, "seq_length": probe.seq_length,
-            "micro_batch_size": probe.micro_batch_size,
-            "attention_backend": probe.attention_backend, "rows": [row.as_dict() for row in probe.rows],
-            "unmeasured": unmeasured_entries(probe)}
+    return {
+        "model": probe.model,
+        "description": probe.description,
+        "seq_length": probe.seq_length,
+        "micro_batch_size": probe.micro_batch_size,
+        "attention_backend": probe.attention_backend,
+        "rows": [row.as_dict() for row in probe.rows],
+        "unmeasured": unmeasured_entries(probe),
+    }

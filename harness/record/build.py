@@ -20,15 +20,27 @@ from __future__ import annotations
 import math
 import socket
 import uuid
-from datetime import datetime, timezone
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from statistics import fmean
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from harness.config.fields import RecomputeFields
 from harness.record.metrics import metrics_in
 from harness.record.model import (
-    Hardware, Headline, IterationRow, Outcome, ParallelLayout, PeakReading, ProbeMetrics, RankPeaks, Record,
-    Revisions, RunMetrics, SteadyWindow, Workload,
+    Hardware,
+    Headline,
+    IterationRow,
+    Outcome,
+    ParallelLayout,
+    PeakReading,
+    ProbeMetrics,
+    RankPeaks,
+    Record,
+    Revisions,
+    RunMetrics,
+    SteadyWindow,
+    Workload,
 )
 from harness.record.schema import HEADLINE_ITERATION
 
@@ -43,7 +55,9 @@ def iteration_row(
 ) -> IterationRow:
     """One training iteration. A NaN/inf loss becomes ``loss=None, nan=True`` (files never hold NaN)."""
     nan = loss is not None and not math.isfinite(loss)
-    return IterationRow(iteration, step_time_ms, None if nan else loss, tflops_per_gpu, skipped, nan)
+    return IterationRow(
+        iteration, step_time_ms, None if nan else loss, tflops_per_gpu, skipped, nan
+    )
 
 
 def rank_peaks(rank: int, peaks: Mapping[int, tuple[int | None, ...]]) -> RankPeaks:
@@ -78,7 +92,11 @@ def headline(
     step_time = tflops = None
     if steady_window is not None:
         first, final = steady_window
-        steady = [row for row in iterations if first <= row.iteration <= final and not row.skipped and not row.nan]
+        steady = [
+            row
+            for row in iterations
+            if first <= row.iteration <= final and not row.skipped and not row.nan
+        ]
         times = [row.step_time_ms for row in steady if row.step_time_ms is not None]
         flops = [row.tflops_per_gpu for row in steady if row.tflops_per_gpu is not None]
         step_time = fmean(times) if times else None
@@ -87,7 +105,9 @@ def headline(
     peak_rank = None
     if at is not None:
         peak_rank = ranks[max(range(len(ranks)), key=lambda i: readings[i][at][0])].rank
-    return Headline(values=values, peak_rank=peak_rank, peak_scope=peak_scope if ranks else "unreported")
+    return Headline(
+        values=values, peak_rank=peak_rank, peak_scope=peak_scope if ranks else "unreported"
+    )
 
 
 def run_metrics(
@@ -107,10 +127,18 @@ def run_metrics(
     )
 
 
-def cpu_probe_metrics(*, retained_bytes: int, backward_flops: int, replay_bytes: int, **more: int | float) -> ProbeMetrics:
+def cpu_probe_metrics(
+    *, retained_bytes: int, backward_flops: int, replay_bytes: int, **more: float
+) -> ProbeMetrics:
     """Metrics of one CPU-probe row: deterministic counts, compared exactly against CPU goldens."""
-    return ProbeMetrics({"retained_bytes": retained_bytes, "backward_flops": backward_flops,
-                         "replay_bytes": replay_bytes, **more})
+    return ProbeMetrics(
+        {
+            "retained_bytes": retained_bytes,
+            "backward_flops": backward_flops,
+            "replay_bytes": replay_bytes,
+            **more,
+        }
+    )
 
 
 def outcome(
@@ -127,7 +155,13 @@ def outcome(
 
 
 def parallelism(
-    tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, dp: int = 1, expert_dp: int | None = None, vpp: int | None = None
+    tp: int = 1,
+    pp: int = 1,
+    cp: int = 1,
+    ep: int = 1,
+    dp: int = 1,
+    expert_dp: int | None = None,
+    vpp: int | None = None,
 ) -> ParallelLayout:
     return ParallelLayout(tp, pp, cp, ep, dp, expert_dp, vpp)
 
@@ -146,17 +180,30 @@ def workload(
     parallelism: ParallelLayout,
     extra: dict[str, str] | None = None,
 ) -> Workload:
-    return Workload(recipe, model, backend, seq_length, micro_batch_size, global_batch_size, precision,
-                    attention_backend, train_iters, parallelism, dict(extra or {}))
+    return Workload(
+        recipe,
+        model,
+        backend,
+        seq_length,
+        micro_batch_size,
+        global_batch_size,
+        precision,
+        attention_backend,
+        train_iters,
+        parallelism,
+        dict(extra or {}),
+    )
 
 
-def hardware(device: str, gpu_count: int, sm: str | None = None, host: str | None = None) -> Hardware:
+def hardware(
+    device: str, gpu_count: int, sm: str | None = None, host: str | None = None
+) -> Hardware:
     """``device`` names the GPU model (``H100_80GB``) or ``cpu``; ``host`` defaults to this machine."""
     return Hardware(device, gpu_count, sm, socket.gethostname() if host is None else host)
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def new_record(
@@ -178,7 +225,9 @@ def new_record(
 
         revisions = collect_revisions()
     # A copy: records of one sweep never share mutable revision objects.
-    revisions = Revisions.from_json(revisions.to_json() if isinstance(revisions, Revisions) else revisions)
+    revisions = Revisions.from_json(
+        revisions.to_json() if isinstance(revisions, Revisions) else revisions
+    )
     record = Record(
         kind=kind,
         id=record_id or f"{workload.recipe}/{recompute.name}/{uuid.uuid4().hex[:12]}",

@@ -18,8 +18,10 @@ from harness.record.model import Number, Record, RunMetrics
 # data-parallel rank-0 ranks (Bridge's memory report prints on data-parallel rank 0).
 SCOPES = ("all-ranks", "rank0", "dp-rank0")
 SCOPED_METRICS = {
-    "peak_allocated_bytes": ("at", "allocated"), "peak_reserved_bytes": ("at", "reserved"),
-    "run_peak_allocated_bytes": ("last", "allocated"), "run_peak_reserved_bytes": ("last", "reserved"),
+    "peak_allocated_bytes": ("at", "allocated"),
+    "peak_reserved_bytes": ("at", "reserved"),
+    "run_peak_allocated_bytes": ("last", "allocated"),
+    "run_peak_reserved_bytes": ("last", "reserved"),
 }
 
 
@@ -35,7 +37,8 @@ def completed(record: Record) -> bool:
     return (
         record.outcome.status == "completed"
         and metrics.headline["step_time_ms"] is not None
-        and window is not None and window.last > window.first
+        and window is not None
+        and window.last > window.first
         and not metrics.nan_iterations
     )
 
@@ -63,16 +66,25 @@ def scoped_peaks(record: Record, scope: str) -> dict[str, int | None]:
     metrics: RunMetrics = record.run_metrics
     chosen = set(_ranks_in(scope, record))
     if not metrics.ranks or not chosen:
-        raise UsageError(f"record {record.id}: its peaks are {headline.peak_scope!r}, and without per-rank "
-                         f"peaks it cannot give the {scope!r} peak the golden holds")
-    at, iterations = headline["peak_after_iteration"], [set(r.iteration for r in rank.peaks) for rank in metrics.ranks]
+        raise UsageError(
+            f"record {record.id}: its peaks are {headline.peak_scope!r}, and without per-rank "
+            f"peaks it cannot give the {scope!r} peak the golden holds"
+        )
+    at, iterations = (
+        headline["peak_after_iteration"],
+        [{r.iteration for r in rank.peaks} for rank in metrics.ranks],
+    )
     last = max(set.intersection(*iterations)) if iterations else None
     values: dict[str, int | None] = {}
     for name, (when, kind) in SCOPED_METRICS.items():
         if name not in headline.values:
             continue
         iteration = at if when == "at" else last
-        readings = [rank.at(iteration) for rank in metrics.ranks if rank.rank in chosen] if iteration else []
+        readings = (
+            [rank.at(iteration) for rank in metrics.ranks if rank.rank in chosen]
+            if iteration
+            else []
+        )
         picked = [getattr(r, f"{kind}_bytes") for r in readings if r is not None]
         values[name] = None if not picked or None in picked else max(picked)
     return values
@@ -84,7 +96,9 @@ def _pct(value: Number | None, base: Number | None) -> float | None:
     return (value - base) / base * 100.0
 
 
-def effects(row: Record, control: Record, scope: str | None = None, *, peaks: bool = True) -> dict[str, Number | None]:
+def effects(
+    row: Record, control: Record, scope: str | None = None, *, peaks: bool = True
+) -> dict[str, Number | None]:
     """``row``'s effect metrics against ``control`` (registry scope ``effect``); empty for the control.
 
     Peaks count only when read after the same iteration in the same scope (``peaks=False``: the
@@ -93,21 +107,35 @@ def effects(row: Record, control: Record, scope: str | None = None, *, peaks: bo
     if row is control:
         return {}
     result: dict[str, Number | None] = {}
-    same_checkpoint = peaks and row.headline["peak_after_iteration"] == control.headline["peak_after_iteration"]
+    same_checkpoint = (
+        peaks and row.headline["peak_after_iteration"] == control.headline["peak_after_iteration"]
+    )
     scope = scope or control.headline.peak_scope
-    mine, base = (scoped_peaks(row, scope), scoped_peaks(control, scope)) if same_checkpoint else ({}, {})
+    mine, base = (
+        (scoped_peaks(row, scope), scoped_peaks(control, scope)) if same_checkpoint else ({}, {})
+    )
     allocated, base_allocated = mine.get("peak_allocated_bytes"), base.get("peak_allocated_bytes")
     if same_checkpoint and allocated is not None and base_allocated is not None:
         result["saving_allocated_bytes"] = base_allocated - allocated
-        result["saving_allocated_pct"] = -_pct(allocated, base_allocated) if base_allocated else None
+        result["saving_allocated_pct"] = (
+            -_pct(allocated, base_allocated) if base_allocated else None
+        )
     if same_checkpoint:
-        result["reserved_change_pct"] = _pct(mine.get("peak_reserved_bytes"), base.get("peak_reserved_bytes"))
+        result["reserved_change_pct"] = _pct(
+            mine.get("peak_reserved_bytes"), base.get("peak_reserved_bytes")
+        )
     if completed(row) and completed(control):
-        result["step_time_cost_pct"] = _pct(row.headline["step_time_ms"], control.headline["step_time_ms"])
-        result["tflops_change_pct"] = _pct(row.headline["tflops_per_gpu"], control.headline["tflops_per_gpu"])
+        result["step_time_cost_pct"] = _pct(
+            row.headline["step_time_ms"], control.headline["step_time_ms"]
+        )
+        result["tflops_change_pct"] = _pct(
+            row.headline["tflops_per_gpu"], control.headline["tflops_per_gpu"]
+        )
     return {name: value for name, value in result.items() if value is not None}
 
 
 def matched_control(records: Sequence[Record]) -> Record | None:
     """The set's ``[]`` control (at most one: the loader refuses a configuration measured twice)."""
-    return next((record for record in records if record.kind != "cpu-probe" and is_control(record)), None)
+    return next(
+        (record for record in records if record.kind != "cpu-probe" and is_control(record)), None
+    )

@@ -11,17 +11,23 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.files import write_json_atomic
-from harness.record.io import read_json
 from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
+from harness.record.io import read_json
 from harness.record.metrics import (
-    EFFECT_METRICS, METRICS, OPTIONAL_TOLERANCE_KEYS, RUN_GOLDEN_METRICS, TOLERANCE_KEYS, default_tolerance_policy,
+    EFFECT_METRICS,
+    METRICS,
+    OPTIONAL_TOLERANCE_KEYS,
+    RUN_GOLDEN_METRICS,
+    TOLERANCE_KEYS,
+    default_tolerance_policy,
     metrics_in,
 )
 from harness.record.model import PIN_KEYS, Record
@@ -42,8 +48,12 @@ class GoldenRow:
     record: str | None = None  # id of the record the values came from
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"label": self.label, "recompute": self.recompute.as_dict(),
-                                "outcome": dict(self.outcome), "values": dict(self.values)}
+        data: dict[str, Any] = {
+            "label": self.label,
+            "recompute": self.recompute.as_dict(),
+            "outcome": dict(self.outcome),
+            "values": dict(self.values),
+        }
         if self.record is not None:
             data["record"] = self.record
         return data
@@ -67,26 +77,51 @@ class Golden:
     unmeasured: list[dict[str, Any]] | None = None
 
     @classmethod
-    def from_json(cls, data: Any, source: str) -> "Golden":
+    def from_json(cls, data: Any, source: str) -> Golden:
         validate_golden(data, source)
-        rows = [GoldenRow(row["label"], RecomputeFields.from_dict(row["recompute"]), dict(row["outcome"]),
-                          dict(row["values"]), row.get("record")) for row in data["rows"]]
+        rows = [
+            GoldenRow(
+                row["label"],
+                RecomputeFields.from_dict(row["recompute"]),
+                dict(row["outcome"]),
+                dict(row["values"]),
+                row.get("record"),
+            )
+            for row in data["rows"]
+        ]
         unmeasured = data.get("unmeasured")
-        return cls(data["kind"], data["recipe"], dict(data["hardware"]), data["pins"], dict(data["provenance"]),
-                   {name: dict(rule) for name, rule in data["tolerance"].items()}, rows, data.get("peak_scope"),
-                   None if data.get("workload") is None else dict(data["workload"]),
-                   None if unmeasured is None else [dict(entry) for entry in unmeasured])
+        return cls(
+            data["kind"],
+            data["recipe"],
+            dict(data["hardware"]),
+            data["pins"],
+            dict(data["provenance"]),
+            {name: dict(rule) for name, rule in data["tolerance"].items()},
+            rows,
+            data.get("peak_scope"),
+            None if data.get("workload") is None else dict(data["workload"]),
+            None if unmeasured is None else [dict(entry) for entry in unmeasured],
+        )
 
     def to_json(self) -> dict[str, Any]:
         data = {
-            "schema": GOLDEN_SCHEMA, "schema_version": GOLDEN_SCHEMA_VERSION, "kind": self.kind,
-            "recipe": self.recipe, "hardware": dict(self.hardware), "pins": self.pins,
+            "schema": GOLDEN_SCHEMA,
+            "schema_version": GOLDEN_SCHEMA_VERSION,
+            "kind": self.kind,
+            "recipe": self.recipe,
+            "hardware": dict(self.hardware),
+            "pins": self.pins,
             **({} if self.workload is None else {"workload": dict(self.workload)}),
         }
         if self.peak_scope is not None:
             data["peak_scope"] = self.peak_scope
-        data.update({"provenance": dict(self.provenance), "tolerance": self.tolerance,
-                     "rows": [row.to_json() for row in self.rows]})
+        data.update(
+            {
+                "provenance": dict(self.provenance),
+                "tolerance": self.tolerance,
+                "rows": [row.to_json() for row in self.rows],
+            }
+        )
         if self.unmeasured is not None:
             data["unmeasured"] = [dict(entry) for entry in self.unmeasured]
         return data
@@ -105,7 +140,9 @@ class Golden:
         return str(self.provenance.get("date") or "")
 
 
-def golden_values(record: Record, scope: str | None = None, control: Record | None = None) -> dict[str, int | float | None]:
+def golden_values(
+    record: Record, scope: str | None = None, control: Record | None = None
+) -> dict[str, int | float | None]:
     """The golden-comparable values of one record (registry: ``Metric.golden``): its peaks in
     ``scope``, and, with the set's ``control``, its effects against it."""
     if record.kind == "cpu-probe":
@@ -126,17 +163,27 @@ def workload_identity(record: Record) -> dict[str, str | None] | None:
     """The record's as-run workload facts; None for kinds that carry none (CPU probes, transcriptions)."""
     if record.kind != "run":
         return None
-    return {"attention_backend": record.workload.attention_backend,
-            "moe_dispatcher": record.workload.extra.get("moe_dispatcher")}
+    return {
+        "attention_backend": record.workload.attention_backend,
+        "moe_dispatcher": record.workload.extra.get("moe_dispatcher"),
+    }
 
 
 def pin_slug(pins: dict[str, Any]) -> str:
     """``mcore-<commit12>`` or ``mcore-<version>-<fingerprint>``, ``bridge-<commit12|version>``, ``stack-<digest>``."""
     mcore = pins["megatron_core"] or {}
-    parts = [f"mcore-{mcore['commit'][:12]}" if mcore.get("commit") else f"mcore-{mcore.get('version')}-{mcore.get('fingerprint')}"]
+    parts = [
+        f"mcore-{mcore['commit'][:12]}"
+        if mcore.get("commit")
+        else f"mcore-{mcore.get('version')}-{mcore.get('fingerprint')}"
+    ]
     bridge = pins["megatron_bridge"]
     if bridge:
-        parts.append(f"bridge-{bridge['commit'][:12]}" if bridge.get("commit") else f"bridge-{bridge.get('version')}")
+        parts.append(
+            f"bridge-{bridge['commit'][:12]}"
+            if bridge.get("commit")
+            else f"bridge-{bridge.get('version')}"
+        )
     stack = [pins[key] for key in ("torch", "transformer_engine", "cuda")]
     if any(stack):  # torch / TE / CUDA are pins too: a new stack gets its own file
         parts.append("stack-" + hashlib.sha256(json.dumps(stack).encode()).hexdigest()[:8])
@@ -153,7 +200,9 @@ def pin_differences(key: str, pinned: Any, actual: Any) -> list[str]:
     if not isinstance(pinned, dict):
         return [] if pinned is None or actual == pinned else [f"{key} {pinned} != {actual}"]
     actual = actual if isinstance(actual, dict) else {}
-    differing = [sub for sub, value in pinned.items() if value is not None and actual.get(sub) != value]
+    differing = [
+        sub for sub, value in pinned.items() if value is not None and actual.get(sub) != value
+    ]
     if pinned.get("commit") is not None and pinned.get("fingerprint") is not None:
         if "commit" not in differing:  # matched by commit: version and fingerprint are not asked
             differing = [sub for sub in differing if sub not in ("version", "fingerprint")]
@@ -188,8 +237,11 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
 
 def pins_differences(golden: Golden, pins: dict[str, Any]) -> list[str]:
     """Where ``pins`` (a record's, or an installed stack's) differ from every pin ``golden`` states."""
-    return [difference for key, pinned in golden.pins.items()
-            for difference in pin_differences(key, pinned, pins.get(key))]
+    return [
+        difference
+        for key, pinned in golden.pins.items()
+        for difference in pin_differences(key, pinned, pins.get(key))
+    ]
 
 
 def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
@@ -215,10 +267,21 @@ def golden_from_records(
     if not records:
         raise UsageError("no records to build a golden from")
     first = records[0]
-    identity = (first.kind, first.workload.recipe, first.hardware.profile(), first.pins(), workload_identity(first))
+    identity = (
+        first.kind,
+        first.workload.recipe,
+        first.hardware.profile(),
+        first.pins(),
+        workload_identity(first),
+    )
     for record in records[1:]:
-        other = (record.kind, record.workload.recipe, record.hardware.profile(), record.pins(),
-                 workload_identity(record))
+        other = (
+            record.kind,
+            record.workload.recipe,
+            record.hardware.profile(),
+            record.pins(),
+            workload_identity(record),
+        )
         if other != identity:
             raise UsageError(
                 f"record {record.id}: kind, recipe, hardware, pins or as-run workload (attention back end, "
@@ -229,24 +292,54 @@ def golden_from_records(
     control = None
     if first.kind != "cpu-probe":
         control = matched_control(records)
-        scope = first.headline.peak_scope if first.headline.peak_scope in SCOPES else DEFAULT_PEAK_SCOPE
-    rows = [GoldenRow(record.label, record.recompute, record.outcome.stage(),
-                      golden_values(record, scope, control), record.id) for record in records]
+        scope = (
+            first.headline.peak_scope if first.headline.peak_scope in SCOPES else DEFAULT_PEAK_SCOPE
+        )
+    rows = [
+        GoldenRow(
+            record.label,
+            record.recompute,
+            record.outcome.stage(),
+            golden_values(record, scope, control),
+            record.id,
+        )
+        for record in records
+    ]
     policy = default_tolerance_policy(first.kind, effects=control is not None)
     if "*" in policy:  # one rule for every metric (CPU probes: exact)
         policy = {name: policy["*"] for name in sorted({n for row in rows for n in row.values})}
     # A previous golden's rules (tuned by hand for this recipe) win over the defaults.
     policy.update({name: rule for name, rule in (tolerance or {}).items() if name in policy})
     golden = Golden(
-        kind=first.kind, recipe=first.workload.recipe, hardware=first.hardware.profile(), pins=first.pins(),
-        provenance={**provenance, "versions": first.revisions.to_json(), "records": [r.id for r in records]},
-        tolerance=policy, rows=rows, peak_scope=scope, workload=identity[4],
+        kind=first.kind,
+        recipe=first.workload.recipe,
+        hardware=first.hardware.profile(),
+        pins=first.pins(),
+        provenance={
+            **provenance,
+            "versions": first.revisions.to_json(),
+            "records": [r.id for r in records],
+        },
+        tolerance=policy,
+        rows=rows,
+        peak_scope=scope,
+        workload=identity[4],
     )
     validate_golden(golden.to_json(), "new golden")
     return golden
 
 
-GOLDEN_KEYS = ("schema", "schema_version", "kind", "recipe", "hardware", "pins", "provenance", "tolerance", "rows")
+GOLDEN_KEYS = (
+    "schema",
+    "schema_version",
+    "kind",
+    "recipe",
+    "hardware",
+    "pins",
+    "provenance",
+    "tolerance",
+    "rows",
+)
 ROW_KEYS = ("label", "recompute", "outcome", "values")
 OUTCOME_KEYS = ("status", "iteration", "phase")
 
@@ -255,8 +348,11 @@ def _required_metrics(kind: str) -> tuple[str, ...]:
     """The values every row of a golden of ``kind`` must hold (a row without them would pass anything)."""
     if kind == "cpu-probe":
         return tuple(m.name for m in metrics_in("probe") if m.required)
-    return tuple(name for name in RUN_GOLDEN_METRICS
-                 if any(m.required for m in METRICS if m.name == name and m.scope in ("headline", "count")))
+    return tuple(
+        name
+        for name in RUN_GOLDEN_METRICS
+        if any(m.required for m in METRICS if m.name == name and m.scope in ("headline", "count"))
+    )
 
 
 def _known_metrics(kind: str) -> frozenset[str]:
@@ -280,7 +376,9 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
         fail(f"not a golden file (expected schema {GOLDEN_SCHEMA!r})")
     version = golden.get("schema_version")
     if isinstance(version, bool) or version != GOLDEN_SCHEMA_VERSION:  # `true == 1` in Python
-        fail(f"unknown golden schema version {version!r}; this harness reads {GOLDEN_SCHEMA_VERSION}")
+        fail(
+            f"unknown golden schema version {version!r}; this harness reads {GOLDEN_SCHEMA_VERSION}"
+        )
     check.obj(golden, "golden", GOLDEN_KEYS, ("peak_scope", "workload", "unmeasured"))
     check.string(golden["kind"], "kind", choices=KINDS)
     check.string(golden["recipe"], "recipe")
@@ -288,15 +386,29 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     pins = golden["pins"]
     check.obj(pins, "pins", PIN_KEYS)
     mcore, bridge = pins["megatron_core"], pins["megatron_bridge"]
-    if not isinstance(mcore, dict) or not (mcore.get("commit") or (mcore.get("version") and mcore.get("fingerprint"))):
-        fail("pins.megatron_core: needs a commit, or a version and a fingerprint (a golden must be pinned)")
-    pinned = [*mcore.values(), *(bridge.values() if isinstance(bridge, dict) else [bridge]),
-              *(pins[key] for key in ("torch", "transformer_engine", "cuda"))]
-    if not (bridge is None or isinstance(bridge, dict)) or any(v is not None and not isinstance(v, str) for v in pinned):
+    if not isinstance(mcore, dict) or not (
+        mcore.get("commit") or (mcore.get("version") and mcore.get("fingerprint"))
+    ):
+        fail(
+            "pins.megatron_core: needs a commit, or a version and a fingerprint (a golden must be pinned)"
+        )
+    pinned = [
+        *mcore.values(),
+        *(bridge.values() if isinstance(bridge, dict) else [bridge]),
+        *(pins[key] for key in ("torch", "transformer_engine", "cuda")),
+    ]
+    if not (bridge is None or isinstance(bridge, dict)) or any(
+        v is not None and not isinstance(v, str) for v in pinned
+    ):
         fail("pins: every pin is a string or null")
-    workload = golden.get("workload")  # optional: goldens written before it, and transcribed ones, lack it
-    if workload is not None and (not isinstance(workload, dict) or set(workload) != set(WORKLOAD_IDENTITY_KEYS)
-                                 or any(v is not None and not isinstance(v, str) for v in workload.values())):
+    workload = golden.get(
+        "workload"
+    )  # optional: goldens written before it, and transcribed ones, lack it
+    if workload is not None and (
+        not isinstance(workload, dict)
+        or set(workload) != set(WORKLOAD_IDENTITY_KEYS)
+        or any(v is not None and not isinstance(v, str) for v in workload.values())
+    ):
         fail(f"workload: expected {', '.join(WORKLOAD_IDENTITY_KEYS)}, each a string or null")
     hardware = check.obj(golden["hardware"], "hardware", ("device", "gpu_count"))
     check.string(hardware["device"], "hardware.device")
@@ -311,9 +423,16 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     for metric, rule in tolerance.items():
         if metric not in known:
             fail(f"tolerance.{metric}: not a metric of a {kind} golden")
-        if not isinstance(rule, dict) or not isinstance(rule.get("mode"), str) or rule["mode"] not in TOLERANCE_KEYS:
+        if (
+            not isinstance(rule, dict)
+            or not isinstance(rule.get("mode"), str)
+            or rule["mode"] not in TOLERANCE_KEYS
+        ):
             fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_KEYS)}")
-        needed, optional = TOLERANCE_KEYS[rule["mode"]], OPTIONAL_TOLERANCE_KEYS.get(rule["mode"], ())
+        needed, optional = (
+            TOLERANCE_KEYS[rule["mode"]],
+            OPTIONAL_TOLERANCE_KEYS.get(rule["mode"], ()),
+        )
         check.obj(rule, f"tolerance.{metric}", ("mode", *needed), optional)
         for key in needed + tuple(key for key in optional if key in rule):
             check.number(rule.get(key), f"tolerance.{metric}.{key}")
@@ -332,7 +451,9 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
         check_recompute(Checker(f"{source}: {where}"), row["recompute"])
         fields = RecomputeFields.from_dict(row["recompute"])
         if row["label"] != fields.name:
-            fail(f"{where}.label {row['label']!r} contradicts its recompute fields (they name {fields.name!r})")
+            fail(
+                f"{where}.label {row['label']!r} contradicts its recompute fields (they name {fields.name!r})"
+            )
         if row["label"] in labels:
             fail(f"{where}: duplicated row {row['label']!r} (also rows[{labels[row['label']]}])")
         labels[row["label"]] = i
@@ -351,18 +472,28 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
             fail(f"{where}.values: expected an object")
         missing = [name for name in required if name not in values]
         if missing:
-            fail(f"{where}.values: missing {', '.join(missing)} (a row without its metrics would pass anything)")
+            fail(
+                f"{where}.values: missing {', '.join(missing)} (a row without its metrics would pass anything)"
+            )
         for metric, value in values.items():
             if metric not in known:
                 fail(f"{where}.values.{metric}: not a metric of a {kind} golden")
             # Effects are differences against [] (a cost can be negative); measurements are not.
-            check.number(value, f"{where}.values.{metric}", nullable=True,
-                         minimum=None if metric in EFFECT_METRICS else 0.0)
+            check.number(
+                value,
+                f"{where}.values.{metric}",
+                nullable=True,
+                minimum=None if metric in EFFECT_METRICS else 0.0,
+            )
             if metric not in tolerance:
                 fail(f"{where}.values.{metric}: no tolerance rule for this metric")
-    with_effects = [row["label"] for row in rows if any(name in row["values"] for name in EFFECT_METRICS)]
+    with_effects = [
+        row["label"] for row in rows if any(name in row["values"] for name in EFFECT_METRICS)
+    ]
     if with_effects and not any(_is_control_row(row) for row in rows):
-        fail(f"rows {', '.join(with_effects)} hold effects against [] but the golden has no [] control row")
+        fail(
+            f"rows {', '.join(with_effects)} hold effects against [] but the golden has no [] control row"
+        )
     return golden
 
 

@@ -22,7 +22,11 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.record.golden import (
-    Golden, golden_filename_for, identity_differences, load_golden, recipe_slug,
+    Golden,
+    golden_filename_for,
+    identity_differences,
+    load_golden,
+    recipe_slug,
 )
 from harness.record.model import Record
 
@@ -62,8 +66,10 @@ def writable(root: Path) -> Path:
     """``root`` unless it is the read-only copy shipped inside the installed package."""
     resolved = Path(root).resolve()
     if not in_checkout() and (resolved == PACKAGED_ROOT or PACKAGED_ROOT in resolved.parents):
-        raise UsageError(f"refusing to write into the goldens shipped with the package ({PACKAGED_ROOT}); "
-                         f"name a directory with --golden-dir or ${ENV_VAR}")
+        raise UsageError(
+            f"refusing to write into the goldens shipped with the package ({PACKAGED_ROOT}); "
+            f"name a directory with --golden-dir or ${ENV_VAR}"
+        )
     return Path(root)
 
 
@@ -97,7 +103,9 @@ def _goldens_named(prefix: str, directory: Path) -> list[tuple[Path, Golden]]:
     found = []
     for path in sorted(directory.glob(f"{prefix}__*.json")):
         golden = load_golden(path)
-        if recipe_slug(golden.recipe, golden.hardware) == prefix:  # not a recipe whose name extends this one
+        if (
+            recipe_slug(golden.recipe, golden.hardware) == prefix
+        ):  # not a recipe whose name extends this one
             found.append((path, golden))
     return found
 
@@ -119,11 +127,16 @@ def resolve_golden(records: Sequence[Record], golden: Path) -> Path:
         if candidate.is_file():
             return candidate
     directory = nested.parent if nested.parent.is_dir() else golden
-    matching = [path for path, found in goldens_of(first.workload.recipe, first.hardware.profile(), directory)
-                if not identity_differences(found, first)]
+    matching = [
+        path
+        for path, found in goldens_of(first.workload.recipe, first.hardware.profile(), directory)
+        if not identity_differences(found, first)
+    ]
     if len(matching) > 1:
-        raise UsageError(f"{len(matching)} goldens in {directory} match these records' pins "
-                         f"({', '.join(path.name for path in matching)}); name one with --golden")
+        raise UsageError(
+            f"{len(matching)} goldens in {directory} match these records' pins "
+            f"({', '.join(path.name for path in matching)}); name one with --golden"
+        )
     return matching[0] if matching else nested
 
 
@@ -131,8 +144,15 @@ def near_misses(records: Sequence[Record], missing: Path) -> str:
     """Why no golden in ``missing``'s directory judges ``records``: each golden of their recipe ×
     hardware there, with the pins that differ (empty when there is none)."""
     first = records[0]
-    found = goldens_of(first.workload.recipe, first.hardware.profile(), missing.parent) if missing.parent.is_dir() else []
-    return "; ".join(f"{path.name} differs in {', '.join(identity_differences(golden, first))}" for path, golden in found)
+    found = (
+        goldens_of(first.workload.recipe, first.hardware.profile(), missing.parent)
+        if missing.parent.is_dir()
+        else []
+    )
+    return "; ".join(
+        f"{path.name} differs in {', '.join(identity_differences(golden, first))}"
+        for path, golden in found
+    )
 
 
 def newest_like(target: Path) -> tuple[Path, Golden] | None:

@@ -7,8 +7,9 @@ trailing garbage. Writing is atomic (``harness.files``).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from harness.errors import UsageError
 from harness.files import read_bounded_text, write_json_atomic
@@ -34,7 +35,9 @@ def parse_json(text: str, source: str) -> Any:
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{source}: malformed or truncated JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise UsageError(
+            f"{source}: malformed or truncated JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
     except (ValueError, RecursionError) as exc:
         raise UsageError(f"{source}: invalid JSON: {exc}") from None
 
@@ -53,21 +56,36 @@ def write_record(path: Path, record: Record) -> None:
 # sweep whose runner was SIGKILLed or whose disk filled has no marker of its own; its plan tells.
 SWEEP_PLAN = "SWEEP.json"
 SWEEP_PLAN_SCHEMA = "recompute-harness/sweep-plan"
-SWEEP_BOOKKEEPING = ("rows", "INTERRUPTED.json", SWEEP_PLAN)  # a sweep directory's own files beside records/
+SWEEP_BOOKKEEPING = (
+    "rows",
+    "INTERRUPTED.json",
+    SWEEP_PLAN,
+)  # a sweep directory's own files beside records/
 
 
 def write_sweep_plan(directory: Path, recipe: str, record_files: dict[str, str]) -> None:
     """``record_files``: row (the row syntax) -> its record's path relative to the sweep ``directory``."""
-    write_json_atomic(Path(directory) / SWEEP_PLAN, {
-        "schema": SWEEP_PLAN_SCHEMA, "recipe": recipe,
-        "rows": [{"row": row, "record": record} for row, record in record_files.items()]})
+    write_json_atomic(
+        Path(directory) / SWEEP_PLAN,
+        {
+            "schema": SWEEP_PLAN_SCHEMA,
+            "recipe": recipe,
+            "rows": [{"row": row, "record": record} for row, record in record_files.items()],
+        },
+    )
 
 
 def _planned_rows(plan: Path) -> list[tuple[str, str]]:
     data = read_json(plan)
-    rows = data.get("rows") if isinstance(data, dict) and data.get("schema") == SWEEP_PLAN_SCHEMA else None
-    if not isinstance(rows, list) or not all(isinstance(r, dict) and isinstance(r.get("row"), str)
-                                             and isinstance(r.get("record"), str) for r in rows):
+    rows = (
+        data.get("rows")
+        if isinstance(data, dict) and data.get("schema") == SWEEP_PLAN_SCHEMA
+        else None
+    )
+    if not isinstance(rows, list) or not all(
+        isinstance(r, dict) and isinstance(r.get("row"), str) and isinstance(r.get("record"), str)
+        for r in rows
+    ):
         raise UsageError(f"{plan}: not a sweep plan ({SWEEP_PLAN_SCHEMA}: rows of row and record)")
     return [(r["row"], r["record"]) for r in rows]
 
@@ -88,8 +106,10 @@ def unmeasured_rows(paths: Iterable[Path | str]) -> list[str]:
         planned = _planned_rows(sweep / SWEEP_PLAN)
         missing = [row for row, record in planned if not (sweep / record).is_file()]
         if missing:
-            lines.append(f"{sweep}: incomplete sweep: no record for row(s) {', '.join(missing)} of the {len(planned)} "
-                         "planned (its runner was stopped, killed or could not write)")
+            lines.append(
+                f"{sweep}: incomplete sweep: no record for row(s) {', '.join(missing)} of the {len(planned)} "
+                "planned (its runner was stopped, killed or could not write)"
+            )
     return lines
 
 
@@ -111,7 +131,9 @@ def _expand(paths: Iterable[Path | str]) -> list[Path]:
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            found = [file for file in sorted(path.rglob("*.json")) if not _sweep_bookkeeping(file, path)]
+            found = [
+                file for file in sorted(path.rglob("*.json")) if not _sweep_bookkeeping(file, path)
+            ]
             if not found:
                 gaps = unmeasured_rows([path])  # a sweep stopped before its first record says so
                 raise UsageError(gaps[0] if gaps else f"{path}: directory holds no .json records")
@@ -132,7 +154,11 @@ def records_in(data: Any, source: str) -> list[Any]:
 
 def _is_probe_output(item: Any) -> bool:
     """The shape ``probe --json`` prints (``harness.probe.table.probe_json``): a common mistake to name."""
-    return isinstance(item, dict) and "schema" not in item and {"model", "rows", "seq_length"} <= set(item)
+    return (
+        isinstance(item, dict)
+        and "schema" not in item
+        and {"model", "rows", "seq_length"} <= set(item)
+    )
 
 
 def load_records(paths: Iterable[Path | str]) -> list[Record]:
@@ -149,15 +175,23 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
         data = read_json(path)
         items = records_in(data, str(path))
         if any(_is_probe_output(item) for item in items):
-            raise UsageError(f"{path} is `probe --json` output (per-label probe tables), not run records; "
-                             "use `recompute-harness probe --check-golden` for probes, and give this command "
-                             "the records/ directory of a `recompute-harness run` sweep")
+            raise UsageError(
+                f"{path} is `probe --json` output (per-label probe tables), not run records; "
+                "use `recompute-harness probe --check-golden` for probes, and give this command "
+                "the records/ directory of a `recompute-harness run` sweep"
+            )
         for i, item in enumerate(items):
             loaded.append((str(path) if len(items) == 1 else f"{path}[{i}]", item))
-    versions = {item.get("schema_version") for _, item in loaded if isinstance(item, dict) and item.get("schema") == SCHEMA}
+    versions = {
+        item.get("schema_version")
+        for _, item in loaded
+        if isinstance(item, dict) and item.get("schema") == SCHEMA
+    }
     if len(versions) > 1:
         shown = ", ".join(sorted(repr(v) for v in versions))
-        raise UsageError(f"records from mixed schema versions ({shown}); this harness reads version {SCHEMA_VERSION} only")
+        raise UsageError(
+            f"records from mixed schema versions ({shown}); this harness reads version {SCHEMA_VERSION} only"
+        )
     records = [Record.from_json(item, source) for source, item in loaded]
     _refuse_duplicates(records, [source for source, _ in loaded])
     return records
@@ -166,8 +200,16 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
 def row_key(record: Record) -> str:
     """What makes two records the same row: everything that was configured, nothing that was measured."""
     workload = {k: v for k, v in record.workload.to_json().items() if k != "extra"}
-    return json.dumps([record.kind, workload, record.hardware.profile(), record.revisions.to_json(),
-                       record.recompute.as_dict()], sort_keys=True)
+    return json.dumps(
+        [
+            record.kind,
+            workload,
+            record.hardware.profile(),
+            record.revisions.to_json(),
+            record.recompute.as_dict(),
+        ],
+        sort_keys=True,
+    )
 
 
 def _refuse_duplicates(records: list[Record], sources: list[str]) -> None:
@@ -175,7 +217,9 @@ def _refuse_duplicates(records: list[Record], sources: list[str]) -> None:
     by_row: dict[str, str] = {}
     for record, source in zip(records, sources):
         if record.id in by_id:
-            raise UsageError(f"{source}: duplicated record id {record.id!r} (also in {by_id[record.id]})")
+            raise UsageError(
+                f"{source}: duplicated record id {record.id!r} (also in {by_id[record.id]})"
+            )
         by_id[record.id] = source
         key = row_key(record)
         if key in by_row:

@@ -7,7 +7,7 @@ only from the installed validator (``harness.config.labels.accepted_labels``).
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
         "schema_version": 1,
         "fingerprint": mcore["fingerprint"],
         "megatron_core": {"version": mcore["version"], "commit": mcore["commit"]},
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "written_by": REFRESH_COMMAND,
         "labels": sorted(accepted_labels()),
     }
@@ -80,7 +80,9 @@ def manifest_problem(root: Path | None = None) -> str | None:
         reference = _load(path)
         headline = f"recompute labels differ from the manifest {path.name}"
     else:
-        others = sorted(((p, _load(p)) for p in directory.glob("*.json")), key=lambda item: item[1]["created"])
+        others = sorted(
+            ((p, _load(p)) for p in directory.glob("*.json")), key=lambda item: item[1]["created"]
+        )
         if not others:
             return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}"
         newest, reference = others[-1]

@@ -41,7 +41,9 @@ class Tolerance:
             return {"mode": "exact"}
         if self.mode == "absolute":
             return {"mode": "absolute", "abs": self.abs}
-        return {"mode": "relative", "rel": self.rel} | ({} if self.floor is None else {"floor": self.floor})
+        return {"mode": "relative", "rel": self.rel} | (
+            {} if self.floor is None else {"floor": self.floor}
+        )
 
 
 EXACT = Tolerance("exact")
@@ -56,7 +58,11 @@ def absolute(allowed: float) -> Tolerance:
 
 
 # Tolerance modes and the numeric keys each needs (a golden's rules are checked against this).
-TOLERANCE_KEYS: dict[str, tuple[str, ...]] = {"exact": (), "relative": ("rel",), "absolute": ("abs",)}
+TOLERANCE_KEYS: dict[str, tuple[str, ...]] = {
+    "exact": (),
+    "relative": ("rel",),
+    "absolute": ("abs",),
+}
 OPTIONAL_TOLERANCE_KEYS: dict[str, tuple[str, ...]] = {"relative": ("floor",)}
 
 # An allocated-peak change smaller than this (percent of the control) is not a saving: it is within
@@ -82,7 +88,9 @@ class Metric:
     scope: Scope
     description: str
     nullable: bool = True
-    required: bool = True  # the schema demands the key (optional ones are newer than schema v1's first files)
+    required: bool = (
+        True  # the schema demands the key (optional ones are newer than schema v1's first files)
+    )
     golden: bool = True  # a golden row holds it
     tolerance: Tolerance = EXACT  # default for new run/reference goldens
     # Default for the [] control's absolute value in a golden that judges effects, where looser than
@@ -120,84 +128,268 @@ def _allocated_spread(readings: RankReadings, at: int | None) -> int | None:
 
 METRICS: tuple[Metric, ...] = (
     # --- headline: what a run's verdict is made on (docs/run-record.md) -----------------------------
-    Metric("peak_allocated_bytes", "bytes", "lower", "headline",
-           "hottest rank's max_memory_allocated() after the headline iteration", tolerance=relative(0.02),
-           from_ranks=lambda readings, at, last: _hottest_allocated(readings, at)),
-    Metric("peak_reserved_bytes", "bytes", "lower", "headline",
-           "max over ranks of max_memory_reserved() after the headline iteration", tolerance=relative(0.05),
-          
-           from_ranks=lambda readings, at, last: _max_reserved(readings, at)),
-    Metric("peak_after_iteration", "iterations", "exact", "headline",
-           "the iteration the headline peaks were read after (2, or the last every rank reported)"),
-    Metric("run_peak_allocated_bytes", "bytes", "lower", "headline",
-           "hottest rank's allocated peak after the last iteration every rank reported (the run's peak)",
-           required=False, tolerance=relative(0.02),
-           from_ranks=lambda readings, at, last: _hottest_allocated(readings, last)),
-    Metric("run_peak_reserved_bytes", "bytes", "lower", "headline",
-           "max over ranks of the reserved peak after the last iteration every rank reported",
-           required=False, tolerance=relative(0.05),
-           from_ranks=lambda readings, at, last: _max_reserved(readings, last)),
-    Metric("peak_allocated_spread_bytes", "bytes", "lower", "headline",
-           "hottest minus coolest rank's allocated peak after the headline iteration (routing imbalance)",
-           required=False, golden=False,
-           from_ranks=lambda readings, at, last: _allocated_spread(readings, at)),
-    Metric("carried_allocated_bytes", "bytes", "lower", "headline",
-           "hottest rank's memory_allocated() after zero_grad (Bridge: after the optimizer step) at the end "
-           "of the headline iteration: what the next iteration starts from (docs/carried-memory.md)",
-           required=False, golden=False,  # judged against `[]` by the comparison, not pinned per golden
-           from_ranks=lambda readings, at, last: _hottest_carried(readings, at)),
-    Metric("step_time_ms", "ms", "lower", "headline", "mean step time over the steady window",
-           tolerance=relative(0.05), control_tolerance=relative(0.10)),
-    Metric("tflops_per_gpu", "TFLOP/s", "higher", "headline", "mean TFLOP/s per GPU over the steady window",
-           tolerance=relative(0.05), control_tolerance=relative(0.10)),
+    Metric(
+        "peak_allocated_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "hottest rank's max_memory_allocated() after the headline iteration",
+        tolerance=relative(0.02),
+        from_ranks=lambda readings, at, last: _hottest_allocated(readings, at),
+    ),
+    Metric(
+        "peak_reserved_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "max over ranks of max_memory_reserved() after the headline iteration",
+        tolerance=relative(0.05),
+        from_ranks=lambda readings, at, last: _max_reserved(readings, at),
+    ),
+    Metric(
+        "peak_after_iteration",
+        "iterations",
+        "exact",
+        "headline",
+        "the iteration the headline peaks were read after (2, or the last every rank reported)",
+    ),
+    Metric(
+        "run_peak_allocated_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "hottest rank's allocated peak after the last iteration every rank reported (the run's peak)",
+        required=False,
+        tolerance=relative(0.02),
+        from_ranks=lambda readings, at, last: _hottest_allocated(readings, last),
+    ),
+    Metric(
+        "run_peak_reserved_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "max over ranks of the reserved peak after the last iteration every rank reported",
+        required=False,
+        tolerance=relative(0.05),
+        from_ranks=lambda readings, at, last: _max_reserved(readings, last),
+    ),
+    Metric(
+        "peak_allocated_spread_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "hottest minus coolest rank's allocated peak after the headline iteration (routing imbalance)",
+        required=False,
+        golden=False,
+        from_ranks=lambda readings, at, last: _allocated_spread(readings, at),
+    ),
+    Metric(
+        "carried_allocated_bytes",
+        "bytes",
+        "lower",
+        "headline",
+        "hottest rank's memory_allocated() after zero_grad (Bridge: after the optimizer step) at the end "
+        "of the headline iteration: what the next iteration starts from (docs/carried-memory.md)",
+        required=False,
+        golden=False,  # judged against `[]` by the comparison, not pinned per golden
+        from_ranks=lambda readings, at, last: _hottest_carried(readings, at),
+    ),
+    Metric(
+        "step_time_ms",
+        "ms",
+        "lower",
+        "headline",
+        "mean step time over the steady window",
+        tolerance=relative(0.05),
+        control_tolerance=relative(0.10),
+    ),
+    Metric(
+        "tflops_per_gpu",
+        "TFLOP/s",
+        "higher",
+        "headline",
+        "mean TFLOP/s per GPU over the steady window",
+        tolerance=relative(0.05),
+        control_tolerance=relative(0.10),
+    ),
     # --- counts over the whole run ---------------------------------------------------------------------
-    Metric("skipped_iterations", "iterations", "exact", "count", "iterations the optimizer skipped"),
+    Metric(
+        "skipped_iterations", "iterations", "exact", "count", "iterations the optimizer skipped"
+    ),
     Metric("nan_iterations", "iterations", "exact", "count", "iterations with a NaN/inf loss"),
     # --- per iteration (metrics.iterations[]) ----------------------------------------------------------
-    Metric("step_time_ms", "ms", "lower", "per-iteration", "slowest rank's step time", golden=False),
-    Metric("loss", "loss", "exact", "per-iteration", "rank 0's world-reduced loss (null when NaN)", golden=False),
-    Metric("tflops_per_gpu", "TFLOP/s", "higher", "per-iteration",
-           "the iteration's model FLOPs / the same slowest-rank step time / world size", golden=False),
+    Metric(
+        "step_time_ms", "ms", "lower", "per-iteration", "slowest rank's step time", golden=False
+    ),
+    Metric(
+        "loss",
+        "loss",
+        "exact",
+        "per-iteration",
+        "rank 0's world-reduced loss (null when NaN)",
+        golden=False,
+    ),
+    Metric(
+        "tflops_per_gpu",
+        "TFLOP/s",
+        "higher",
+        "per-iteration",
+        "the iteration's model FLOPs / the same slowest-rank step time / world size",
+        golden=False,
+    ),
     # --- per rank (metrics.ranks[].peaks[]) -------------------------------------------------------------
-    Metric("allocated_bytes", "bytes", "lower", "per-rank", "max_memory_allocated() after the iteration",
-           nullable=False, golden=False),
-    Metric("reserved_bytes", "bytes", "lower", "per-rank", "max_memory_reserved() after the iteration",
-           golden=False),
-    Metric("device_used_bytes", "bytes", "lower", "per-rank",
-           "torch.cuda.mem_get_info() total - free at the same point: also what the caching allocator never "
-           "sees (CUDA context, NCCL and DeepEP/HybridEP buffers)", nullable=False, required=False, golden=False),
-    Metric("allocated_after_step_bytes", "bytes", "lower", "per-rank",
-           "memory_allocated() right after the optimizer step", required=False, golden=False),
-    Metric("allocated_after_zero_grad_bytes", "bytes", "lower", "per-rank",
-           "memory_allocated() after zero_grad, at the end of the iteration (null: the back end zeroes "
-           "gradients at the next step's start)", required=False, golden=False),
+    Metric(
+        "allocated_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "max_memory_allocated() after the iteration",
+        nullable=False,
+        golden=False,
+    ),
+    Metric(
+        "reserved_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "max_memory_reserved() after the iteration",
+        golden=False,
+    ),
+    Metric(
+        "device_used_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "torch.cuda.mem_get_info() total - free at the same point: also what the caching allocator never "
+        "sees (CUDA context, NCCL and DeepEP/HybridEP buffers)",
+        nullable=False,
+        required=False,
+        golden=False,
+    ),
+    Metric(
+        "allocated_after_step_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "memory_allocated() right after the optimizer step",
+        required=False,
+        golden=False,
+    ),
+    Metric(
+        "allocated_after_zero_grad_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "memory_allocated() after zero_grad, at the end of the iteration (null: the back end zeroes "
+        "gradients at the next step's start)",
+        required=False,
+        golden=False,
+    ),
     # --- effects: a row against the matched [] control of the same set (record/effects.py) ------------
     # Judged first: paired within one sweep, they cancel most machine drift, and they are what a
     # recompute regression is (a label that saves less or costs more).
-    Metric("saving_allocated_bytes", "bytes", "higher", "effect",
-           "control's allocated peak minus the row's, at the same checkpoint and scope",
-           tolerance=relative(0.20, floor=50_000_000)),
-    Metric("saving_allocated_pct", "%", "higher", "effect", "the saving, percent of the control's peak",
-           tolerance=absolute(0.5)),
-    Metric("reserved_change_pct", "%", "lower", "effect", "reserved peak vs the control's, percent",
-           tolerance=absolute(2.0)),
-    Metric("step_time_cost_pct", "%", "lower", "effect", "steady step time vs the control's, percent",
-           tolerance=absolute(1.0)),
-    Metric("tflops_change_pct", "%", "higher", "effect", "TFLOP/s per GPU vs the control's, percent",
-           tolerance=absolute(1.0)),
+    Metric(
+        "saving_allocated_bytes",
+        "bytes",
+        "higher",
+        "effect",
+        "control's allocated peak minus the row's, at the same checkpoint and scope",
+        tolerance=relative(0.20, floor=50_000_000),
+    ),
+    Metric(
+        "saving_allocated_pct",
+        "%",
+        "higher",
+        "effect",
+        "the saving, percent of the control's peak",
+        tolerance=absolute(0.5),
+    ),
+    Metric(
+        "reserved_change_pct",
+        "%",
+        "lower",
+        "effect",
+        "reserved peak vs the control's, percent",
+        tolerance=absolute(2.0),
+    ),
+    Metric(
+        "step_time_cost_pct",
+        "%",
+        "lower",
+        "effect",
+        "steady step time vs the control's, percent",
+        tolerance=absolute(1.0),
+    ),
+    Metric(
+        "tflops_change_pct",
+        "%",
+        "higher",
+        "effect",
+        "TFLOP/s per GPU vs the control's, percent",
+        tolerance=absolute(1.0),
+    ),
     # --- CPU probe rows: deterministic counts, compared exactly ------------------------------------------
-    Metric("retained_bytes", "bytes", "lower", "probe", "bytes autograd saved for backward", nullable=False),
-    Metric("backward_flops", "FLOPs", "lower", "probe", "FLOPs of backward, replays included", nullable=False),
-    Metric("replay_bytes", "bytes", "lower", "probe", "bytes recomputed during backward", nullable=False),
-    Metric("replay_ops", "ops", "lower", "probe", "operators replayed during backward", nullable=False,
-           required=False),
-    Metric("not_bitwise_values", "values", "exact", "probe",
-           "loss and gradients not bit-identical to the control's", nullable=False, required=False),
-    Metric("dropout_not_bitwise_values", "values", "exact", "probe",
-           "the same with dropout on (RNG replay)", nullable=False, required=False),
-    Metric("carried_bytes", "bytes", "lower", "probe",
-           "bytes a second step leaves alive after backward: not parameters, gradients or the batch "
-           "(docs/carried-memory.md)", nullable=False, required=False),
+    Metric(
+        "retained_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "bytes autograd saved for backward",
+        nullable=False,
+    ),
+    Metric(
+        "backward_flops",
+        "FLOPs",
+        "lower",
+        "probe",
+        "FLOPs of backward, replays included",
+        nullable=False,
+    ),
+    Metric(
+        "replay_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "bytes recomputed during backward",
+        nullable=False,
+    ),
+    Metric(
+        "replay_ops",
+        "ops",
+        "lower",
+        "probe",
+        "operators replayed during backward",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "not_bitwise_values",
+        "values",
+        "exact",
+        "probe",
+        "loss and gradients not bit-identical to the control's",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "dropout_not_bitwise_values",
+        "values",
+        "exact",
+        "probe",
+        "the same with dropout on (RNG replay)",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "carried_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "bytes a second step leaves alive after backward: not parameters, gradients or the batch "
+        "(docs/carried-memory.md)",
+        nullable=False,
+        required=False,
+    ),
 )
 
 
@@ -207,7 +399,9 @@ def metrics_in(scope: Scope) -> tuple[Metric, ...]:
 
 def metric(name: str, scope: Scope | None = None) -> Metric | None:
     """The metric called ``name`` (in ``scope`` when given; else the first declared)."""
-    return next((m for m in METRICS if m.name == name and (scope is None or m.scope == scope)), None)
+    return next(
+        (m for m in METRICS if m.name == name and (scope is None or m.scope == scope)), None
+    )
 
 
 # A golden row of a run or reference record holds these, in this order (effects: rows with a control).
@@ -237,6 +431,10 @@ def default_tolerance_policy(kind: str, effects: bool = False) -> dict[str, dict
     policy = {name: metric(name).tolerance.as_dict() for name in EFFECT_METRICS} if effects else {}
     for name in RUN_GOLDEN_METRICS:
         found = metric(name)
-        rule = found.control_tolerance if effects and found.control_tolerance is not None else found.tolerance
+        rule = (
+            found.control_tolerance
+            if effects and found.control_tolerance is not None
+            else found.tolerance
+        )
         policy[name] = rule.as_dict()
     return policy

@@ -27,7 +27,11 @@ class CoreRevision:
     package: dict[str, str | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"version": self.version, "commit": self.commit, "fingerprint": self.fingerprint}
+        data: dict[str, Any] = {
+            "version": self.version,
+            "commit": self.commit,
+            "fingerprint": self.fingerprint,
+        }
         if self.package is not None:
             data["package"] = dict(self.package)
         return data
@@ -57,20 +61,28 @@ class Revisions:
     python: str | None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Revisions":
+    def from_json(cls, data: dict[str, Any]) -> Revisions:
         bridge = data["megatron_bridge"]
         return cls(
-            torch=data["torch"], megatron_core=CoreRevision(**data["megatron_core"]),
+            torch=data["torch"],
+            megatron_core=CoreRevision(**data["megatron_core"]),
             megatron_bridge=None if bridge is None else BridgeRevision(**bridge),
-            transformer_engine=data["transformer_engine"], cuda=data["cuda"], driver=data["driver"],
+            transformer_engine=data["transformer_engine"],
+            cuda=data["cuda"],
+            driver=data["driver"],
             python=data["python"],
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "torch": self.torch, "megatron_core": self.megatron_core.to_json(),
-            "megatron_bridge": None if self.megatron_bridge is None else self.megatron_bridge.to_json(),
-            "transformer_engine": self.transformer_engine, "cuda": self.cuda, "driver": self.driver,
+            "torch": self.torch,
+            "megatron_core": self.megatron_core.to_json(),
+            "megatron_bridge": None
+            if self.megatron_bridge is None
+            else self.megatron_bridge.to_json(),
+            "transformer_engine": self.transformer_engine,
+            "cuda": self.cuda,
+            "driver": self.driver,
             "python": self.python,
         }
 
@@ -87,7 +99,12 @@ class Hardware:
     host: str | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"device": self.device, "gpu_count": self.gpu_count, "sm": self.sm, "host": self.host}
+        return {
+            "device": self.device,
+            "gpu_count": self.gpu_count,
+            "sm": self.sm,
+            "host": self.host,
+        }
 
     def profile(self) -> dict[str, Any]:
         """What a golden's hardware is: the device model and how many (the host is provenance)."""
@@ -105,8 +122,15 @@ class ParallelLayout:
     vpp: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "ep": self.ep, "dp": self.dp,
-                "expert_dp": self.expert_dp, "vpp": self.vpp}
+        return {
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "dp": self.dp,
+            "expert_dp": self.expert_dp,
+            "vpp": self.vpp,
+        }
 
 
 @dataclass
@@ -124,16 +148,26 @@ class Workload:
     extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Workload":
+    def from_json(cls, data: dict[str, Any]) -> Workload:
         values = {key: value for key, value in data.items() if key not in ("parallelism", "extra")}
-        return cls(**values, parallelism=ParallelLayout(**data["parallelism"]), extra=dict(data.get("extra", {})))
+        return cls(
+            **values,
+            parallelism=ParallelLayout(**data["parallelism"]),
+            extra=dict(data.get("extra", {})),
+        )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "recipe": self.recipe, "model": self.model, "backend": self.backend, "seq_length": self.seq_length,
-            "micro_batch_size": self.micro_batch_size, "global_batch_size": self.global_batch_size,
-            "precision": self.precision, "attention_backend": self.attention_backend,
-            "train_iters": self.train_iters, "parallelism": self.parallelism.to_json(),
+            "recipe": self.recipe,
+            "model": self.model,
+            "backend": self.backend,
+            "seq_length": self.seq_length,
+            "micro_batch_size": self.micro_batch_size,
+            "global_batch_size": self.global_batch_size,
+            "precision": self.precision,
+            "attention_backend": self.attention_backend,
+            "train_iters": self.train_iters,
+            "parallelism": self.parallelism.to_json(),
         }
         if self.extra:
             data["extra"] = dict(self.extra)
@@ -150,8 +184,14 @@ class IterationRow:
     nan: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration": self.iteration, "step_time_ms": self.step_time_ms, "loss": self.loss,
-                "tflops_per_gpu": self.tflops_per_gpu, "skipped": self.skipped, "nan": self.nan}
+        return {
+            "iteration": self.iteration,
+            "step_time_ms": self.step_time_ms,
+            "loss": self.loss,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "skipped": self.skipped,
+            "nan": self.nan,
+        }
 
 
 @dataclass(slots=True)
@@ -165,8 +205,11 @@ class PeakReading:
     device_used_bytes: int | None = None  # optional (metrics registry): mem_get_info's total - free
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"iteration": self.iteration, "allocated_bytes": self.allocated_bytes,
-                                "reserved_bytes": self.reserved_bytes}
+        data: dict[str, Any] = {
+            "iteration": self.iteration,
+            "allocated_bytes": self.allocated_bytes,
+            "reserved_bytes": self.reserved_bytes,
+        }
         if self.allocated_after_step_bytes is not None:
             data["allocated_after_step_bytes"] = self.allocated_after_step_bytes
         if self.allocated_after_zero_grad_bytes is not None:
@@ -177,8 +220,12 @@ class PeakReading:
 
     def reading(self) -> tuple[int, int | None, int | None, int | None]:
         """The tuple a registry ``from_ranks`` function reads (harness.record.metrics.RankReadings)."""
-        return (self.allocated_bytes, self.reserved_bytes, self.allocated_after_step_bytes,
-                self.allocated_after_zero_grad_bytes)
+        return (
+            self.allocated_bytes,
+            self.reserved_bytes,
+            self.allocated_after_step_bytes,
+            self.allocated_after_zero_grad_bytes,
+        )
 
 
 @dataclass
@@ -220,7 +267,7 @@ class Headline:
         return self.values.get(name)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Headline":
+    def from_json(cls, data: dict[str, Any]) -> Headline:
         values = {key: value for key, value in data.items() if key not in _HEADLINE_STRUCTURE}
         return cls(values=values, peak_rank=data["peak_rank"], peak_scope=data["peak_scope"])
 
@@ -247,20 +294,42 @@ class RunMetrics:
     nan_iterations: int | None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunMetrics":
+    def from_json(cls, data: dict[str, Any]) -> RunMetrics:
         window = data["steady_window"]
         return cls(
             # Positional: a record holds iterations × ranks of these (1,000 records load in <= 2 s).
-            iterations=[IterationRow(r["iteration"], r["step_time_ms"], r["loss"], r["tflops_per_gpu"], r["skipped"],
-                                     r["nan"]) for r in data["iterations"]],
-            ranks=[RankPeaks(rank["rank"], [PeakReading(p["iteration"], p["allocated_bytes"], p["reserved_bytes"],
-                                                        p.get("allocated_after_step_bytes"),
-                                                        p.get("allocated_after_zero_grad_bytes"),
-                                                        p.get("device_used_bytes"))
-                                            for p in rank["peaks"]]) for rank in data["ranks"]],
+            iterations=[
+                IterationRow(
+                    r["iteration"],
+                    r["step_time_ms"],
+                    r["loss"],
+                    r["tflops_per_gpu"],
+                    r["skipped"],
+                    r["nan"],
+                )
+                for r in data["iterations"]
+            ],
+            ranks=[
+                RankPeaks(
+                    rank["rank"],
+                    [
+                        PeakReading(
+                            p["iteration"],
+                            p["allocated_bytes"],
+                            p["reserved_bytes"],
+                            p.get("allocated_after_step_bytes"),
+                            p.get("allocated_after_zero_grad_bytes"),
+                            p.get("device_used_bytes"),
+                        )
+                        for p in rank["peaks"]
+                    ],
+                )
+                for rank in data["ranks"]
+            ],
             steady_window=None if window is None else SteadyWindow(**window),
             headline=Headline.from_json(data["headline"]),
-            skipped_iterations=data["skipped_iterations"], nan_iterations=data["nan_iterations"],
+            skipped_iterations=data["skipped_iterations"],
+            nan_iterations=data["nan_iterations"],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -274,9 +343,15 @@ class RunMetrics:
         }
 
     def golden_values(self, names: tuple[str, ...]) -> dict[str, Number | None]:
-        counts = {"skipped_iterations": self.skipped_iterations, "nan_iterations": self.nan_iterations}
-        return {name: counts[name] if name in counts else self.headline.values[name]
-                for name in names if name in counts or name in self.headline.values}
+        counts = {
+            "skipped_iterations": self.skipped_iterations,
+            "nan_iterations": self.nan_iterations,
+        }
+        return {
+            name: counts[name] if name in counts else self.headline.values[name]
+            for name in names
+            if name in counts or name in self.headline.values
+        }
 
 
 @dataclass
@@ -301,13 +376,24 @@ class Outcome:
     site: str | None = None  # where inside the phase, when the source says (e.g. ``forward``)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Outcome":
-        return cls(status=data["status"], iteration=data["iteration"], phase=data["phase"],
-                   ranks=list(data["ranks"]), message=data["message"], site=data.get("site"))
+    def from_json(cls, data: dict[str, Any]) -> Outcome:
+        return cls(
+            status=data["status"],
+            iteration=data["iteration"],
+            phase=data["phase"],
+            ranks=list(data["ranks"]),
+            message=data["message"],
+            site=data.get("site"),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"status": self.status, "iteration": self.iteration, "phase": self.phase,
-                                "ranks": list(self.ranks), "message": self.message}
+        data: dict[str, Any] = {
+            "status": self.status,
+            "iteration": self.iteration,
+            "phase": self.phase,
+            "ranks": list(self.ranks),
+            "message": self.message,
+        }
         if self.site is not None:
             data["site"] = self.site
         return data
@@ -339,7 +425,9 @@ class Record:
 
     @property
     def run_metrics(self) -> RunMetrics:
-        assert isinstance(self.metrics, RunMetrics), f"{self.id}: a {self.kind} record has no run metrics"
+        assert isinstance(self.metrics, RunMetrics), (
+            f"{self.id}: a {self.kind} record has no run metrics"
+        )
         return self.metrics
 
     @property
@@ -350,33 +438,44 @@ class Record:
         return self.revisions.pins()
 
     @classmethod
-    def from_json(cls, data: Any, source: str = "record") -> "Record":
+    def from_json(cls, data: Any, source: str = "record") -> Record:
         """Validate ``data`` (one ``UsageError`` line naming ``source`` if invalid), then type it."""
         validate_record(data, source)
         metrics = data["metrics"]
         return cls(
-            kind=data["kind"], id=data["id"], created=data["created"],
+            kind=data["kind"],
+            id=data["id"],
+            created=data["created"],
             revisions=Revisions.from_json(data["revisions"]),
             hardware=Hardware(**data["hardware"]),
             workload=Workload.from_json(data["workload"]),
             recompute=RecomputeFields.from_dict(data["recompute"]),
-            metrics=ProbeMetrics(dict(metrics)) if data["kind"] == "cpu-probe" else RunMetrics.from_json(metrics),
+            metrics=ProbeMetrics(dict(metrics))
+            if data["kind"] == "cpu-probe"
+            else RunMetrics.from_json(metrics),
             outcome=Outcome.from_json(data["outcome"]),
             provenance=None if "provenance" not in data else dict(data["provenance"]),
         )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
-            "schema": SCHEMA, "schema_version": SCHEMA_VERSION, "kind": self.kind, "id": self.id,
-            "created": self.created, "revisions": self.revisions.to_json(), "hardware": self.hardware.to_json(),
-            "workload": self.workload.to_json(), "recompute": self.recompute.as_dict(),
-            "metrics": self.metrics.to_json(), "outcome": self.outcome.to_json(),
+            "schema": SCHEMA,
+            "schema_version": SCHEMA_VERSION,
+            "kind": self.kind,
+            "id": self.id,
+            "created": self.created,
+            "revisions": self.revisions.to_json(),
+            "hardware": self.hardware.to_json(),
+            "workload": self.workload.to_json(),
+            "recompute": self.recompute.as_dict(),
+            "metrics": self.metrics.to_json(),
+            "outcome": self.outcome.to_json(),
         }
         if self.provenance is not None:
             data["provenance"] = dict(self.provenance)
         return data
 
-    def validated(self) -> "Record":
+    def validated(self) -> Record:
         """Re-check the record after a change (the writer calls it: an invalid record never lands)."""
         validate_record(self.to_json(), f"record {self.id}")
         return self

@@ -7,9 +7,10 @@ are refused unless the caller says so. Every golden is validated before the firs
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from harness.errors import UsageError
 from harness.record.build import now_iso
@@ -38,51 +39,89 @@ def _diff(old: Golden | None, new: Golden) -> list[tuple[str, str, Any, Any, flo
             lines.append((row.label, "outcome", old_outcome, row.outcome["status"], None))
         for metric, value in row.values.items():
             previous = None if before is None else before.values.get(metric)
-            delta = None if previous in (None, 0) or value is None else (value - previous) / abs(previous) * 100.0
+            delta = (
+                None
+                if previous in (None, 0) or value is None
+                else (value - previous) / abs(previous) * 100.0
+            )
             lines.append((row.label, metric, previous, value, delta))
     for label in old_rows:
         lines.append((label, "row", "present", "removed", None))
     return lines
 
 
-def _refuse_incomplete(records: Sequence[Record], previous: Golden | None, allow_failed: bool,
-                       allow_partial: bool, unmeasured: Sequence[str]) -> None:
+def _refuse_incomplete(
+    records: Sequence[Record],
+    previous: Golden | None,
+    allow_failed: bool,
+    allow_partial: bool,
+    unmeasured: Sequence[str],
+) -> None:
     if not allow_failed:
-        failed = [f"{r.id} ({r.outcome.status})" for r in records
-                  if r.outcome.status != "completed" or (r.kind != "cpu-probe" and r.run_metrics.nan_iterations)]
+        failed = [
+            f"{r.id} ({r.outcome.status})"
+            for r in records
+            if r.outcome.status != "completed"
+            or (r.kind != "cpu-probe" and r.run_metrics.nan_iterations)
+        ]
         if failed:
-            raise UsageError(f"refusing to write a golden from failed records: {', '.join(failed)}; "
-                             "pass --allow-failed if the failures are the expected result")
+            raise UsageError(
+                f"refusing to write a golden from failed records: {', '.join(failed)}; "
+                "pass --allow-failed if the failures are the expected result"
+            )
     if allow_partial:
         return
-    if unmeasured:  # a first golden has no previous rows to miss: the sweep's own plan is the reference
-        raise UsageError(f"refusing a partial record set: {'; '.join(unmeasured)}; pass --allow-partial to write it anyway")
-    short = [r.id for r in records if r.kind == "run" and r.outcome.status == "completed"
-             and (r.outcome.iteration or 0) < (r.workload.train_iters or 0)]
+    if (
+        unmeasured
+    ):  # a first golden has no previous rows to miss: the sweep's own plan is the reference
+        raise UsageError(
+            f"refusing a partial record set: {'; '.join(unmeasured)}; pass --allow-partial to write it anyway"
+        )
+    short = [
+        r.id
+        for r in records
+        if r.kind == "run"
+        and r.outcome.status == "completed"
+        and (r.outcome.iteration or 0) < (r.workload.train_iters or 0)
+    ]
     if short:
-        raise UsageError(f"refusing a partial record set: {', '.join(short)} stopped before train_iters; "
-                         "pass --allow-partial to write it anyway")
+        raise UsageError(
+            f"refusing a partial record set: {', '.join(short)} stopped before train_iters; "
+            "pass --allow-partial to write it anyway"
+        )
     if previous is not None:
         labels = {r.label for r in records}
         missing = [row.label for row in previous.rows if row.label not in labels]
         if missing:
-            raise UsageError(f"refusing a partial record set: rows {', '.join(missing)} of the previous golden "
-                             "were not measured; pass --allow-partial to drop them")
+            raise UsageError(
+                f"refusing a partial record set: rows {', '.join(missing)} of the previous golden "
+                "were not measured; pass --allow-partial to drop them"
+            )
 
 
-def plan_refresh(records: Sequence[Record], golden_root: Path, command: str, allow_failed: bool = False,
-                 allow_partial: bool = False, unmeasured: Sequence[str] = ()) -> list[Refreshed]:
+def plan_refresh(
+    records: Sequence[Record],
+    golden_root: Path,
+    command: str,
+    allow_failed: bool = False,
+    allow_partial: bool = False,
+    unmeasured: Sequence[str] = (),
+) -> list[Refreshed]:
     """Build (not write) one golden per recipe × hardware × pin group of ``records``; ``unmeasured``: the
     lines ``harness.record.io.unmeasured_rows`` found for the sweeps they came from."""
     groups: dict[Path, list[Record]] = {}
     for record in records:
         if record.kind == "reference":
-            raise UsageError(f"{record.id}: reference records are transcribed (python -m harness.record.seed), not refreshed")
+            raise UsageError(
+                f"{record.id}: reference records are transcribed (python -m harness.record.seed), not refreshed"
+            )
         if record.kind == "run" and record.hardware.device == "cpu":
             # CPU step times and peaks vary run to run far beyond a timing golden's tolerance; the
             # CPU's deterministic measurements are the probe's goldens (probe --write-golden).
-            raise UsageError(f"{record.id}: a CPU run record cannot become a timing golden; "
-                             "CPU goldens come from: recompute-harness probe --all --write-golden")
+            raise UsageError(
+                f"{record.id}: a CPU run record cannot become a timing golden; "
+                "CPU goldens come from: recompute-harness probe --all --write-golden"
+            )
         groups.setdefault(golden_path_for([record], Path(golden_root)), []).append(record)
     plans = []
     for target, group in groups.items():
@@ -93,7 +132,10 @@ def plan_refresh(records: Sequence[Record], golden_root: Path, command: str, all
         golden = golden_from_records(
             group,
             provenance={
-                "source": REFRESH_SOURCE, "command": command, "host": first.hardware.host, "date": now_iso(),
+                "source": REFRESH_SOURCE,
+                "command": command,
+                "host": first.hardware.host,
+                "date": now_iso(),
                 "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
                 "driver": first.revisions.driver,
             },

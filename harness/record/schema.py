@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from datetime import datetime
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 from harness.errors import UsageError
@@ -24,16 +24,32 @@ STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed", "
 # Listed in the order a training step reaches them: the order ranks how far a failed run got.
 # ``cuda-graph-capture``: Bridge captures TE CUDA graphs between two steps (after
 # ``cuda_graph_warmup_steps``), reported as the start of the step that first replays them.
-PHASES = ("model-build", "cuda-graph-capture", "forward", "backward", "grad-sync", "optimizer-init", "optimizer-step")
+PHASES = (
+    "model-build",
+    "cuda-graph-capture",
+    "forward",
+    "backward",
+    "grad-sync",
+    "optimizer-init",
+    "optimizer-step",
+)
 # Whose peak the headline is: the hottest rank, rank 0, the hottest data-parallel rank-0 rank, or none.
 PEAK_SCOPES = ("all-ranks", "rank0", "dp-rank0", "unreported")
 PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
-RECOMPUTE_KEYS = ("recompute_granularity", "recompute_modules", "recompute_method", "recompute_num_layers")
+RECOMPUTE_KEYS = (
+    "recompute_granularity",
+    "recompute_modules",
+    "recompute_method",
+    "recompute_num_layers",
+)
 # The skill's measurement contract: the headline peak is the post-optimizer peak after iteration 2.
 HEADLINE_ITERATION = 2
 
 _HEADLINE_METRICS = metrics_in("headline")
-_HEADLINE_REQUIRED = tuple(m.name for m in _HEADLINE_METRICS if m.required) + ("peak_rank", "peak_scope")
+_HEADLINE_REQUIRED = tuple(m.name for m in _HEADLINE_METRICS if m.required) + (
+    "peak_rank",
+    "peak_scope",
+)
 _HEADLINE_OPTIONAL = tuple(m.name for m in _HEADLINE_METRICS if not m.required)
 _PROBE_REQUIRED = tuple(m.name for m in metrics_in("probe") if m.required)
 _PEAK_KEYS = ("iteration", *(m.name for m in metrics_in("per-rank") if m.required))
@@ -45,8 +61,17 @@ _PEAK_KEY_SETS = (frozenset(_PEAK_KEYS), frozenset(_PEAK_KEYS + _PEAK_OPTIONAL))
 _ITERATION_KEY_SET = frozenset(_ITERATION_KEYS)
 
 TOP_LEVEL_KEYS = (
-    "schema", "schema_version", "kind", "id", "created", "revisions", "hardware",
-    "workload", "recompute", "metrics", "outcome",
+    "schema",
+    "schema_version",
+    "kind",
+    "id",
+    "created",
+    "revisions",
+    "hardware",
+    "workload",
+    "recompute",
+    "metrics",
+    "outcome",
 )
 OPTIONAL_TOP_LEVEL_KEYS = ("provenance",)
 
@@ -60,10 +85,14 @@ class Checker:
     def fail(self, path: str, problem: str) -> None:
         raise UsageError(f"{self.source}: {path}: {problem}")
 
-    def obj(self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
+    def obj(
+        self, value: Any, path: str, required: tuple[str, ...], optional: tuple[str, ...] = ()
+    ) -> dict:
         if not isinstance(value, dict):
             self.fail(path, f"expected an object, got {_type_name(value)}")
-        if value.keys() == _key_set(required):  # the common case, checked fast (1,000 records <= 2 s)
+        if value.keys() == _key_set(
+            required
+        ):  # the common case, checked fast (1,000 records <= 2 s)
             return value
         missing = [key for key in required if key not in value]
         if missing:
@@ -73,7 +102,9 @@ class Checker:
             self.fail(path, f"unknown key(s) {', '.join(unknown)}")
         return value
 
-    def string(self, value: Any, path: str, nullable: bool = False, choices: tuple[str, ...] = ()) -> None:
+    def string(
+        self, value: Any, path: str, nullable: bool = False, choices: tuple[str, ...] = ()
+    ) -> None:
         if value is None and nullable:
             return
         if not isinstance(value, str) or not value:
@@ -89,10 +120,16 @@ class Checker:
         if value < minimum:
             self.fail(path, f"expected an integer >= {minimum}, got {value}")
 
-    def number(self, value: Any, path: str, nullable: bool = False, minimum: float | None = 0.0) -> None:
+    def number(
+        self, value: Any, path: str, nullable: bool = False, minimum: float | None = 0.0
+    ) -> None:
         if value is None and nullable:
             return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             self.fail(path, f"expected a finite number, got {value!r}")
         if minimum is not None and value < minimum:
             self.fail(path, f"expected a number >= {minimum}, got {value}")
@@ -107,7 +144,7 @@ class Checker:
         return value
 
 
-@lru_cache(maxsize=None)
+@cache
 def _key_set(keys: tuple[str, ...]) -> frozenset[str]:
     return frozenset(keys)
 
@@ -133,10 +170,15 @@ def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
     if not isinstance(record, dict):
         check.fail("$", f"expected a run-record object, got {_type_name(record)}")
     if record.get("schema") != SCHEMA:
-        check.fail("schema", f"expected {SCHEMA!r}, got {record.get('schema')!r} (not a run record)")
+        check.fail(
+            "schema", f"expected {SCHEMA!r}, got {record.get('schema')!r} (not a run record)"
+        )
     version = record.get("schema_version")
     if version != SCHEMA_VERSION:
-        check.fail("schema_version", f"unknown schema version {version!r}; this harness reads version {SCHEMA_VERSION}")
+        check.fail(
+            "schema_version",
+            f"unknown schema version {version!r}; this harness reads version {SCHEMA_VERSION}",
+        )
     check.obj(record, "$", TOP_LEVEL_KEYS, OPTIONAL_TOP_LEVEL_KEYS)
     kind = record["kind"]
     check.string(kind, "kind", choices=KINDS)
@@ -156,7 +198,12 @@ def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
         _check_run_metrics(check, record["metrics"], kind)
     _check_outcome(check, record["outcome"])
     if "provenance" in record:
-        check.obj(record["provenance"], "provenance", ("source",), ("command", "host", "date", "card", "study", "row", "notes"))
+        check.obj(
+            record["provenance"],
+            "provenance",
+            ("source",),
+            ("command", "host", "date", "card", "study", "row", "notes"),
+        )
         for key, value in record["provenance"].items():
             check.string(value, f"provenance.{key}", nullable=key != "source")
     return record
@@ -164,22 +211,41 @@ def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
 
 def _check_revisions(check: Checker, revisions: Any, kind: str) -> None:
     check.obj(
-        revisions, "revisions",
-        ("torch", "megatron_core", "megatron_bridge", "transformer_engine", "cuda", "driver", "python"),
+        revisions,
+        "revisions",
+        (
+            "torch",
+            "megatron_core",
+            "megatron_bridge",
+            "transformer_engine",
+            "cuda",
+            "driver",
+            "python",
+        ),
     )
     # Reference rows carry only what the source states; measured records carry their own pins.
     measured = kind != "reference"
     # ``package``: what package metadata claimed, recorded only when it disagreed with the imported code.
-    mcore = check.obj(revisions["megatron_core"], "revisions.megatron_core", ("version", "commit", "fingerprint"),
-                      ("package",))
+    mcore = check.obj(
+        revisions["megatron_core"],
+        "revisions.megatron_core",
+        ("version", "commit", "fingerprint"),
+        ("package",),
+    )
     if "package" in mcore:
-        package = check.obj(mcore["package"], "revisions.megatron_core.package", ("version", "commit"))
+        package = check.obj(
+            mcore["package"], "revisions.megatron_core.package", ("version", "commit")
+        )
         check.string(package["version"], "revisions.megatron_core.package.version", nullable=True)
         check.string(package["commit"], "revisions.megatron_core.package.commit", nullable=True)
     for key in ("version", "commit", "fingerprint"):
-        check.string(mcore[key], f"revisions.megatron_core.{key}", nullable=not measured or key == "commit")
+        check.string(
+            mcore[key], f"revisions.megatron_core.{key}", nullable=not measured or key == "commit"
+        )
     if revisions["megatron_bridge"] is not None:
-        bridge = check.obj(revisions["megatron_bridge"], "revisions.megatron_bridge", ("version", "commit"))
+        bridge = check.obj(
+            revisions["megatron_bridge"], "revisions.megatron_bridge", ("version", "commit")
+        )
         check.string(bridge["version"], "revisions.megatron_bridge.version", nullable=True)
         check.string(bridge["commit"], "revisions.megatron_bridge.commit", nullable=True)
     check.string(revisions["torch"], "revisions.torch", nullable=not measured)
@@ -198,9 +264,20 @@ def _check_hardware(check: Checker, hardware: Any) -> None:
 
 def _check_workload(check: Checker, workload: Any, kind: str) -> None:
     check.obj(
-        workload, "workload",
-        ("recipe", "model", "backend", "seq_length", "micro_batch_size", "global_batch_size", "precision",
-         "attention_backend", "train_iters", "parallelism"),
+        workload,
+        "workload",
+        (
+            "recipe",
+            "model",
+            "backend",
+            "seq_length",
+            "micro_batch_size",
+            "global_batch_size",
+            "precision",
+            "attention_backend",
+            "train_iters",
+            "parallelism",
+        ),
         ("extra",),
     )
     check.string(workload["recipe"], "workload.recipe")
@@ -209,12 +286,19 @@ def _check_workload(check: Checker, workload: Any, kind: str) -> None:
     for key in ("seq_length", "micro_batch_size", "global_batch_size"):
         check.integer(workload[key], f"workload.{key}", minimum=1)
     check.string(workload["precision"], "workload.precision")
-    check.string(workload["attention_backend"], "workload.attention_backend", nullable=kind == "reference")
+    check.string(
+        workload["attention_backend"], "workload.attention_backend", nullable=kind == "reference"
+    )
     check.integer(workload["train_iters"], "workload.train_iters", nullable=kind != "run")
     parallelism = check.obj(workload["parallelism"], "workload.parallelism", PARALLELISM_KEYS)
     for key in PARALLELISM_KEYS:
         # vpp and expert_dp are null when unused or (reference rows) not stated by the source.
-        check.integer(parallelism[key], f"workload.parallelism.{key}", nullable=key in ("vpp", "expert_dp"), minimum=1)
+        check.integer(
+            parallelism[key],
+            f"workload.parallelism.{key}",
+            nullable=key in ("vpp", "expert_dp"),
+            minimum=1,
+        )
     if "extra" in workload:
         if not isinstance(workload["extra"], dict):
             check.fail("workload.extra", f"expected an object, got {_type_name(workload['extra'])}")
@@ -224,7 +308,9 @@ def _check_workload(check: Checker, workload: Any, kind: str) -> None:
 
 def check_recompute(check: Checker, recompute: Any) -> None:
     check.obj(recompute, "recompute", RECOMPUTE_KEYS)
-    check.string(recompute["recompute_granularity"], "recompute.recompute_granularity", nullable=True)
+    check.string(
+        recompute["recompute_granularity"], "recompute.recompute_granularity", nullable=True
+    )
     modules = recompute["recompute_modules"]
     if modules is not None:
         check.array(modules, "recompute.recompute_modules")
@@ -233,20 +319,37 @@ def check_recompute(check: Checker, recompute: Any) -> None:
         if len(set(modules)) != len(modules):
             check.fail("recompute.recompute_modules", f"duplicated label in {modules}")
     check.string(recompute["recompute_method"], "recompute.recompute_method", nullable=True)
-    check.integer(recompute["recompute_num_layers"], "recompute.recompute_num_layers", nullable=True)
+    check.integer(
+        recompute["recompute_num_layers"], "recompute.recompute_num_layers", nullable=True
+    )
 
 
 def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
     check.obj(
-        metrics, "metrics",
-        ("iterations", "ranks", "steady_window", "headline", "skipped_iterations", "nan_iterations"),
+        metrics,
+        "metrics",
+        (
+            "iterations",
+            "ranks",
+            "steady_window",
+            "headline",
+            "skipped_iterations",
+            "nan_iterations",
+        ),
     )
     seen: set[int] = set()
     for i, row in enumerate(check.array(metrics["iterations"], "metrics.iterations")):
-        if (type(row) is dict and row.keys() == _ITERATION_KEY_SET and _is_count(row["iteration"]) and row["iteration"] >= 1
-                and row["iteration"] not in seen and type(row["skipped"]) is bool and type(row["nan"]) is bool
-                and all(_is_measure(row[key]) for key in _ITERATION_MEASURES)
-                and (row["loss"] is None or (type(row["loss"]) is float and math.isfinite(row["loss"])))):
+        if (
+            type(row) is dict
+            and row.keys() == _ITERATION_KEY_SET
+            and _is_count(row["iteration"])
+            and row["iteration"] >= 1
+            and row["iteration"] not in seen
+            and type(row["skipped"]) is bool
+            and type(row["nan"]) is bool
+            and all(_is_measure(row[key]) for key in _ITERATION_MEASURES)
+            and (row["loss"] is None or (type(row["loss"]) is float and math.isfinite(row["loss"])))
+        ):
             seen.add(row["iteration"])  # fast path for the bulk of a record
             continue
         path = f"metrics.iterations[{i}]"
@@ -271,9 +374,15 @@ def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
         ranks_seen.add(rank["rank"])
         peak_iterations: set[int] = set()
         for j, peak in enumerate(check.array(rank["peaks"], f"{path}.peaks")):
-            if (type(peak) is dict and peak.keys() in _PEAK_KEY_SETS and _is_count(peak["iteration"])
-                    and _is_count(peak["allocated_bytes"]) and _is_count(peak["reserved_bytes"])
-                    and _is_count(peak.get("device_used_bytes", 0)) and peak["iteration"] not in peak_iterations):
+            if (
+                type(peak) is dict
+                and peak.keys() in _PEAK_KEY_SETS
+                and _is_count(peak["iteration"])
+                and _is_count(peak["allocated_bytes"])
+                and _is_count(peak["reserved_bytes"])
+                and _is_count(peak.get("device_used_bytes", 0))
+                and peak["iteration"] not in peak_iterations
+            ):
                 peak_iterations.add(peak["iteration"])  # fast path for the bulk of a record
                 continue
             ppath = f"{path}.peaks[{j}]"
@@ -292,7 +401,9 @@ def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
         check.obj(window, "metrics.steady_window", ("first", "last"))
         check.integer(window["first"], "metrics.steady_window.first", minimum=1)
         check.integer(window["last"], "metrics.steady_window.last", minimum=window["first"])
-    headline = check.obj(metrics["headline"], "metrics.headline", _HEADLINE_REQUIRED, _HEADLINE_OPTIONAL)
+    headline = check.obj(
+        metrics["headline"], "metrics.headline", _HEADLINE_REQUIRED, _HEADLINE_OPTIONAL
+    )
     for metric in _HEADLINE_METRICS:
         name = metric.name
         if metric.unit == "bytes" or metric.unit == "iterations":
@@ -302,10 +413,19 @@ def _check_run_metrics(check: Checker, metrics: Any, kind: str) -> None:
     check.integer(headline["peak_rank"], "metrics.headline.peak_rank", nullable=True)
     check.string(headline["peak_scope"], "metrics.headline.peak_scope", choices=PEAK_SCOPES)
     # A source may state a peak without its iteration (reference rows); a measured run always knows it.
-    if kind == "run" and headline["peak_allocated_bytes"] is not None and headline["peak_after_iteration"] is None:
-        check.fail("metrics.headline.peak_after_iteration", "a headline peak needs the iteration it was read after")
+    if (
+        kind == "run"
+        and headline["peak_allocated_bytes"] is not None
+        and headline["peak_after_iteration"] is None
+    ):
+        check.fail(
+            "metrics.headline.peak_after_iteration",
+            "a headline peak needs the iteration it was read after",
+        )
     if headline["step_time_ms"] is not None and window is None and metrics["iterations"]:
-        check.fail("metrics.steady_window", "a measured step time needs the steady window it averages")
+        check.fail(
+            "metrics.steady_window", "a measured step time needs the steady window it averages"
+        )
     _check_headline_matches_ranks(check, headline, metrics["ranks"])
     check.integer(metrics["skipped_iterations"], "metrics.skipped_iterations", nullable=True)
     check.integer(metrics["nan_iterations"], "metrics.nan_iterations", nullable=True)
@@ -316,11 +436,23 @@ def _check_headline_matches_ranks(check: Checker, headline: dict, ranks: list) -
     at = headline["peak_after_iteration"]
     if not ranks or at is None:
         return
-    readings = [{peak["iteration"]: (peak["allocated_bytes"], peak["reserved_bytes"],
-                                     peak.get("allocated_after_step_bytes"), peak.get("allocated_after_zero_grad_bytes"))
-                 for peak in rank["peaks"]} for rank in ranks]
+    readings = [
+        {
+            peak["iteration"]: (
+                peak["allocated_bytes"],
+                peak["reserved_bytes"],
+                peak.get("allocated_after_step_bytes"),
+                peak.get("allocated_after_zero_grad_bytes"),
+            )
+            for peak in rank["peaks"]
+        }
+        for rank in ranks
+    ]
     if any(at not in rank for rank in readings):
-        check.fail("metrics.headline.peak_after_iteration", f"not every rank reported a peak after iteration {at}")
+        check.fail(
+            "metrics.headline.peak_after_iteration",
+            f"not every rank reported a peak after iteration {at}",
+        )
     last = max(set.intersection(*(set(rank) for rank in readings)))
     for metric in _HEADLINE_METRICS:
         stated = headline.get(metric.name)
@@ -328,8 +460,10 @@ def _check_headline_matches_ranks(check: Checker, headline: dict, ranks: list) -
             continue
         derived = metric.from_ranks(readings, at, last)
         if stated != derived:
-            check.fail(f"metrics.headline.{metric.name}",
-                       f"{stated} is not what the per-rank peaks give ({derived}: {metric.description})")
+            check.fail(
+                f"metrics.headline.{metric.name}",
+                f"{stated} is not what the per-rank peaks give ({derived}: {metric.description})",
+            )
 
 
 def _check_cpu_probe_metrics(check: Checker, metrics: Any) -> None:

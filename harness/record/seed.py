@@ -63,15 +63,22 @@ def _parallelism(study: dict[str, Any]) -> dict[str, int | None]:
     stated = {name.lower(): int(size) for name, size in _PARALLEL_RE.findall(study["parallelism"])}
     # The card's layout strings omit unused dimensions (size 1); vpp/expert_dp stay null when unstated.
     return parallelism(
-        tp=stated.get("tp", 1), pp=stated.get("pp", 1), cp=stated.get("cp", 1), ep=stated.get("ep", 1),
-        dp=stated.get("dp", 1), expert_dp=study.get("expert_data_parallel_size"), vpp=stated.get("vpp"),
+        tp=stated.get("tp", 1),
+        pp=stated.get("pp", 1),
+        cp=stated.get("cp", 1),
+        ep=stated.get("ep", 1),
+        dp=stated.get("dp", 1),
+        expert_dp=study.get("expert_data_parallel_size"),
+        vpp=stated.get("vpp"),
     )
 
 
 def _outcome(row: dict[str, Any], study: dict[str, Any]) -> Outcome:
     status = row.get("status")
     if status is None:  # a study whose rows all completed its stated steps (Moonlight)
-        return outcome("completed", iteration=study.get("steps"), message="card: all rows completed")
+        return outcome(
+            "completed", iteration=study.get("steps"), message="card: all rows completed"
+        )
     message = f"card status: {status}"
     if match := re.fullmatch(r"completed_(\d+)_steps", status):
         return outcome("completed", iteration=int(match[1]), message=message)
@@ -81,7 +88,9 @@ def _outcome(row: dict[str, Any], study: dict[str, Any]) -> Outcome:
         return outcome("oom", ranks=[int(match[1])], message=message)
     if status == "perf_regression":  # it measured steady throughput, so the run completed
         return outcome("completed", message=message)
-    raise UsageError(f"card row {row['name']!r}: unknown status {status!r}; teach harness/record/seed.py its meaning")
+    raise UsageError(
+        f"card row {row['name']!r}: unknown status {status!r}; teach harness/record/seed.py its meaning"
+    )
 
 
 def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetrics:
@@ -100,7 +109,9 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetr
     return RunMetrics(
         iterations=[],
         ranks=[],
-        steady_window=SteadyWindow(int(window[1]), int(window[2])) if window and step_time is not None else None,
+        steady_window=SteadyWindow(int(window[1]), int(window[2]))
+        if window and step_time is not None
+        else None,
         headline=Headline(
             values={
                 "peak_allocated_bytes": None if peak_gb is None else round(peak_gb * GB),
@@ -123,28 +134,46 @@ def load_sources(records_dir: Path) -> dict[str, dict[str, str]]:
     if not path.is_file():
         return {}
     data = read_json(path)
-    if not isinstance(data, dict) or data.get("schema") != SOURCES_SCHEMA or not isinstance(data.get("sources"), dict):
+    if (
+        not isinstance(data, dict)
+        or data.get("schema") != SOURCES_SCHEMA
+        or not isinstance(data.get("sources"), dict)
+    ):
         raise UsageError(f"{path}: not a {SOURCES_SCHEMA} file; re-derive it with --mcore-tree")
     return data["sources"]
 
 
-def derive_sources(card_path: Path, records_dir: Path, trees: list[Path]) -> dict[str, dict[str, str]]:
+def derive_sources(
+    card_path: Path, records_dir: Path, trees: list[Path]
+) -> dict[str, dict[str, str]]:
     """Add the identity of each tree (which must be at a commit the card pins) to ``mcore-sources.json``."""
     sources = load_sources(records_dir)
     if not trees:
         return sources
-    pinned = {(study.get("revisions") or {}).get("megatron_core") for study in _card(card_path)["measured_results"]}
+    pinned = {
+        (study.get("revisions") or {}).get("megatron_core")
+        for study in _card(card_path)["measured_results"]
+    }
     for tree in trees:
         identity = tree_identity(tree)
         if identity["commit"] not in pinned:
-            raise UsageError(f"{tree} is at commit {identity['commit']}, which no card study pins "
-                             f"(pinned: {', '.join(sorted(c for c in pinned if c))})")
-        sources[identity["commit"]] = {"version": identity["version"], "fingerprint": identity["fingerprint"]}
-    write_json_atomic(records_dir / SOURCES_FILE, {
-        "schema": SOURCES_SCHEMA, "schema_version": 1,
-        "derived_by": "python -m harness.record.seed --mcore-tree CHECKOUT (harness.config.revisions.tree_identity)",
-        "sources": dict(sorted(sources.items())),
-    })
+            raise UsageError(
+                f"{tree} is at commit {identity['commit']}, which no card study pins "
+                f"(pinned: {', '.join(sorted(c for c in pinned if c))})"
+            )
+        sources[identity["commit"]] = {
+            "version": identity["version"],
+            "fingerprint": identity["fingerprint"],
+        }
+    write_json_atomic(
+        records_dir / SOURCES_FILE,
+        {
+            "schema": SOURCES_SCHEMA,
+            "schema_version": 1,
+            "derived_by": "python -m harness.record.seed --mcore-tree CHECKOUT (harness.config.revisions.tree_identity)",
+            "sources": dict(sorted(sources.items())),
+        },
+    )
     return sources
 
 
@@ -153,45 +182,71 @@ def _revisions(study: dict[str, Any], sources: dict[str, dict[str, str]]) -> dic
     derived = sources.get(pins.get("megatron_core"), {})
     return {
         "torch": None,
-        "megatron_core": {"version": derived.get("version"), "commit": pins.get("megatron_core"),
-                          "fingerprint": derived.get("fingerprint")},
-        "megatron_bridge": {"version": None, "commit": pins["bridge"]} if pins.get("bridge") else None,
-        "transformer_engine": None, "cuda": None, "driver": None, "python": None,
+        "megatron_core": {
+            "version": derived.get("version"),
+            "commit": pins.get("megatron_core"),
+            "fingerprint": derived.get("fingerprint"),
+        },
+        "megatron_bridge": {"version": None, "commit": pins["bridge"]}
+        if pins.get("bridge")
+        else None,
+        "transformer_engine": None,
+        "cuda": None,
+        "driver": None,
+        "python": None,
     }
 
 
 def transcribe_study(
-    study: dict[str, Any], card_path: str, validated_on: str, sources: dict[str, dict[str, str]] | None = None,
+    study: dict[str, Any],
+    card_path: str,
+    validated_on: str,
+    sources: dict[str, dict[str, str]] | None = None,
 ) -> list[Record]:
     """One reference record per experiment row of a ``measured_results`` study."""
     recipe = STUDY_RECIPES.get(study["model"])
     if recipe is None:
-        raise UsageError(f"card study {study['model']!r} has no recipe name in harness/record/seed.py STUDY_RECIPES")
+        raise UsageError(
+            f"card study {study['model']!r} has no recipe name in harness/record/seed.py STUDY_RECIPES"
+        )
     extra = {key: str(study[key]).strip() for key in _WORKLOAD_EXTRA if key in study}
     notes = study.get("comparison_limitations")
     records = []
     for row in study["experiments"]:
         row_outcome = _outcome(row, study)
-        records.append(new_record(
-            "reference",
-            record_id=f"reference/{recipe}/{row['name']}",
-            created=validated_on,
-            revisions=_revisions(study, sources or {}),
-            hardware=Hardware(study["gpu"], study["gpus"], sm=None, host=None),
-            workload=workload(
-                recipe=recipe, model=study["model"], backend=BACKEND, seq_length=study["seq_length"],
-                micro_batch_size=study["mbs"], global_batch_size=study["gbs"], precision=study["precision"],
-                attention_backend=None, train_iters=study.get("steps"), parallelism=_parallelism(study),
-                extra=extra,
-            ),
-            recompute=RecomputeFields.selective(*row["recompute_modules"]),
-            metrics=_metrics(row, study, row_outcome.status),
-            outcome=row_outcome,
-            provenance={
-                "source": PROVENANCE_SOURCE, "card": card_path, "study": study["model"], "row": row["name"],
-                "date": validated_on, "notes": None if notes is None else " ".join(notes.split()),
-            },
-        ))
+        records.append(
+            new_record(
+                "reference",
+                record_id=f"reference/{recipe}/{row['name']}",
+                created=validated_on,
+                revisions=_revisions(study, sources or {}),
+                hardware=Hardware(study["gpu"], study["gpus"], sm=None, host=None),
+                workload=workload(
+                    recipe=recipe,
+                    model=study["model"],
+                    backend=BACKEND,
+                    seq_length=study["seq_length"],
+                    micro_batch_size=study["mbs"],
+                    global_batch_size=study["gbs"],
+                    precision=study["precision"],
+                    attention_backend=None,
+                    train_iters=study.get("steps"),
+                    parallelism=_parallelism(study),
+                    extra=extra,
+                ),
+                recompute=RecomputeFields.selective(*row["recompute_modules"]),
+                metrics=_metrics(row, study, row_outcome.status),
+                outcome=row_outcome,
+                provenance={
+                    "source": PROVENANCE_SOURCE,
+                    "card": card_path,
+                    "study": study["model"],
+                    "row": row["name"],
+                    "date": validated_on,
+                    "notes": None if notes is None else " ".join(notes.split()),
+                },
+            )
+        )
     return records
 
 
@@ -202,7 +257,9 @@ def _card(card_path: Path) -> dict[str, Any]:
         raise UsageError(f"{card_path}: cannot read the skill card: {exc}") from None
 
 
-def transcribe(card_path: Path, sources: dict[str, dict[str, str]] | None = None) -> dict[str, list[Record]]:
+def transcribe(
+    card_path: Path, sources: dict[str, dict[str, str]] | None = None
+) -> dict[str, list[Record]]:
     """``{recipe: [reference records]}`` for every study in the card's ``measured_results``."""
     card = _card(card_path)
     shown = card_path.relative_to(REPO) if card_path.is_relative_to(REPO) else card_path
@@ -214,7 +271,10 @@ def transcribe(card_path: Path, sources: dict[str, dict[str, str]] | None = None
 
 
 def write_seed(
-    card_path: Path, records_dir: Path, golden_dir: Path | None = None, mcore_trees: list[Path] | None = None,
+    card_path: Path,
+    records_dir: Path,
+    golden_dir: Path | None = None,
+    mcore_trees: list[Path] | None = None,
 ) -> list[Path]:
     """Write one reference-record file per study, and a golden per study that names its revisions."""
     written = []
@@ -226,14 +286,17 @@ def write_seed(
         first = records[0]
         if first.revisions.megatron_core.commit is None:
             continue  # no revision on the card (historical Llama rows): records only, never a golden
-        golden = golden_from_records(records, provenance={
-            "source": PROVENANCE_SOURCE,
-            "command": "python -m harness.record.seed",
-            "host": None,
-            "date": first.created,
-            "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
-            "driver": None,
-        })
+        golden = golden_from_records(
+            records,
+            provenance={
+                "source": PROVENANCE_SOURCE,
+                "command": "python -m harness.record.seed",
+                "host": None,
+                "date": first.created,
+                "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
+                "driver": None,
+            },
+        )
         path = golden_path_for(records, writable(golden_root(golden_dir)))
         write_golden(path, golden)
         written.append(path)
@@ -245,12 +308,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card", type=Path, default=DEFAULT_CARD)
     parser.add_argument("--records-dir", type=Path, default=RECORDS_DIR)
     parser.add_argument("--golden-dir", type=Path, help="golden root (default: as every command)")
-    parser.add_argument("--mcore-tree", type=Path, action="append", default=[], metavar="CHECKOUT",
-                        help="a clean Megatron-LM git work tree at a commit the card pins: derive its version "
-                             "and source fingerprint for the pins (repeatable)")
+    parser.add_argument(
+        "--mcore-tree",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="a clean Megatron-LM git work tree at a commit the card pins: derive its version "
+        "and source fingerprint for the pins (repeatable)",
+    )
     args = parser.parse_args(argv)
     try:
-        written = write_seed(args.card.resolve(), args.records_dir, args.golden_dir, args.mcore_tree)
+        written = write_seed(
+            args.card.resolve(), args.records_dir, args.golden_dir, args.mcore_tree
+        )
     except UsageError as exc:
         print(f"harness.record.seed: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

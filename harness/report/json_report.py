@@ -12,8 +12,12 @@ from harness.compare.selection import Selection
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
-    return {"golden": comparison.golden_path, "recipe": comparison.recipe, "passed": comparison.passed,
-            "checks": [asdict(check) for check in comparison.checks]}
+    return {
+        "golden": comparison.golden_path,
+        "recipe": comparison.recipe,
+        "passed": comparison.passed,
+        "checks": [asdict(check) for check in comparison.checks],
+    }
 
 
 def analysis_json(analysis: Analysis) -> dict[str, Any]:
@@ -22,7 +26,9 @@ def analysis_json(analysis: Analysis) -> dict[str, Any]:
 
 def selection_json(selection: Selection) -> dict[str, Any]:
     data = asdict(selection)
-    data["considered"] = [{"label": label, "reason": reason} for label, reason in selection.considered]
+    data["considered"] = [
+        {"label": label, "reason": reason} for label, reason in selection.considered
+    ]
     return data
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from harness.compare.comparator import Comparison
 from harness.report.markdown import format_value
 
 
-def record_golden_properties(comparison: Comparison, record_property: Callable[[str, object], None]) -> None:
+def record_golden_properties(
+    comparison: Comparison, record_property: Callable[[str, object], None]
+) -> None:
     """Call pytest's ``record_property`` for each check: ``golden.<row>.<metric>`` = verdict and values."""
     record_property("golden.file", comparison.golden_path)
     for check in comparison.checks:

@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from harness.compare.analysis import GB, Analysis
 from harness.compare.comparator import Comparison
@@ -24,7 +25,9 @@ def emit(markdown: str) -> None:
             with open(summary, "a", encoding="utf-8", errors="backslashreplace") as handle:
                 handle.write(markdown + "\n\n")
         except OSError as exc:
-            raise UsageError(f"$GITHUB_STEP_SUMMARY {summary}: cannot append: {exc.strerror}") from None
+            raise UsageError(
+                f"$GITHUB_STEP_SUMMARY {summary}: cannot append: {exc.strerror}"
+            ) from None
 
 
 def format_value(metric: str, value: Any) -> str:
@@ -63,26 +66,53 @@ def _difference(metric: str, check_delta_pct: float | None, difference: float | 
 def comparison_markdown(comparison: Comparison) -> str:
     verdict = "PASS" if comparison.passed else f"FAIL ({len(comparison.failures)} check(s))"
     rows = [
-        (c.label, c.metric, format_value(c.metric, c.golden), format_value(c.metric, c.actual),
-         _difference(c.metric, c.delta_pct, c.difference), c.tolerance, c.verdict)
+        (
+            c.label,
+            c.metric,
+            format_value(c.metric, c.golden),
+            format_value(c.metric, c.actual),
+            _difference(c.metric, c.delta_pct, c.difference),
+            c.tolerance,
+            c.verdict,
+        )
         for c in comparison.checks
     ]
-    return (f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
-            + table(("row", "metric", "golden", "actual", "Δ", "tolerance", "verdict"), rows))
+    return (
+        f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
+        + table(("row", "metric", "golden", "actual", "Δ", "tolerance", "verdict"), rows)
+    )
 
 
 def analysis_markdown(analysis: Analysis) -> str:
     rows = [
-        (r.label, r.verdict + (f" #{r.rank}" if r.rank else ""), r.stage,
-         "–" if r.peak_allocated_gb is None else f"{r.peak_allocated_gb:.3f}",
-         "–" if r.peak_after_iteration is None else str(r.peak_after_iteration),
-         "–" if r.peak_reserved_gb is None else f"{r.peak_reserved_gb:.3f}",
-         format_value("step_time_ms", r.step_time_ms), format_value("tflops_per_gpu", r.tflops_per_gpu),
-         _pct(r.allocated_vs_control_pct), _pct(r.time_vs_control_pct), r.note)
+        (
+            r.label,
+            r.verdict + (f" #{r.rank}" if r.rank else ""),
+            r.stage,
+            "–" if r.peak_allocated_gb is None else f"{r.peak_allocated_gb:.3f}",
+            "–" if r.peak_after_iteration is None else str(r.peak_after_iteration),
+            "–" if r.peak_reserved_gb is None else f"{r.peak_reserved_gb:.3f}",
+            format_value("step_time_ms", r.step_time_ms),
+            format_value("tflops_per_gpu", r.tflops_per_gpu),
+            _pct(r.allocated_vs_control_pct),
+            _pct(r.time_vs_control_pct),
+            r.note,
+        )
         for r in analysis.rows
     ]
-    header = ("recompute", "verdict", "outcome", "peak allocated (GB)", "after it.", "peak reserved (GB)",
-              "step time (ms)", "TFLOP/s/GPU", "allocated vs []", "time vs []", "note")
+    header = (
+        "recompute",
+        "verdict",
+        "outcome",
+        "peak allocated (GB)",
+        "after it.",
+        "peak reserved (GB)",
+        "step time (ms)",
+        "TFLOP/s/GPU",
+        "allocated vs []",
+        "time vs []",
+        "note",
+    )
     conclusions = "\n".join(f"- {line}" for line in analysis.conclusions)
     return f"### Recompute analysis: {analysis.model} ({analysis.recipe})\n\n{table(header, rows)}\n\n{conclusions}"
 
@@ -91,17 +121,31 @@ def selection_markdown(selection: Selection) -> str:
     if selection.chosen is None:
         head = f"No measured row completes under {selection.target_gb:g} GB."
     else:
-        head = (f"Selected `{selection.chosen}`: {selection.peak_allocated_gb:.3f} GB allocated, "
-                f"{selection.step_time_ms:.2f} ms/step (target {selection.target_gb:g} GB).")
+        head = (
+            f"Selected `{selection.chosen}`: {selection.peak_allocated_gb:.3f} GB allocated, "
+            f"{selection.step_time_ms:.2f} ms/step (target {selection.target_gb:g} GB)."
+        )
     return head + "\n\n" + table(("recompute", "why not chosen"), selection.considered)
 
 
-def refresh_markdown(path: str, diff: Sequence[tuple[str, str, Any, Any, float | None]], previous: str | None,
-                     dry_run: bool = False) -> str:
+def refresh_markdown(
+    path: str,
+    diff: Sequence[tuple[str, str, Any, Any, float | None]],
+    previous: str | None,
+    dry_run: bool = False,
+) -> str:
     """The diff for a Megatron Core bump's pull request: per row and metric, old → new, Δ%. A dry run
     says so in its heading, so its step-summary section is never mistaken for the written golden."""
-    base = f"previous golden: `{previous}`" if previous else "no previous golden for this recipe and hardware"
-    rows = [(label, metric, format_value(metric, old), format_value(metric, new), _pct(delta))
-            for label, metric, old, new, delta in diff]
+    base = (
+        f"previous golden: `{previous}`"
+        if previous
+        else "no previous golden for this recipe and hardware"
+    )
+    rows = [
+        (label, metric, format_value(metric, old), format_value(metric, new), _pct(delta))
+        for label, metric, old, new, delta in diff
+    ]
     heading = "Golden refresh (dry run: nothing written)" if dry_run else "Golden refresh"
-    return f"### {heading}: `{path}`\n\n{base}\n\n" + table(("row", "metric", "old", "new", "Δ%"), rows)
+    return f"### {heading}: `{path}`\n\n{base}\n\n" + table(
+        ("row", "metric", "old", "new", "Δ%"), rows
+    )

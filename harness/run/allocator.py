@@ -28,6 +28,8 @@ def ignored_allocator_env(applied: Mapping[str, str]) -> str | None:
     actual = allocator_settings()
     for name, value in wanted.items():
         if value.strip() != actual.strip():
-            return (f"{name}={value} was set, but the allocator had already read its settings "
-                    f"({actual!r}): its peaks are not the recipe's")
+            return (
+                f"{name}={value} was set, but the allocator had already read its settings "
+                f"({actual!r}): its peaks are not the recipe's"
+            )
     return None

@@ -21,10 +21,17 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from harness.record.build import hardware, iteration_row, new_record, rank_peaks, run_metrics, workload
+from harness.config.fields import RecomputeFields
+from harness.record.build import (
+    hardware,
+    iteration_row,
+    new_record,
+    rank_peaks,
+    run_metrics,
+    workload,
+)
 from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
-from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe
 
 CPU_MEMORY_NOTE = "not measured: CPU tensors have no caching-allocator peak (torch.cuda.max_memory_* is CUDA-only)"
@@ -39,7 +46,9 @@ def device_profile(name: str) -> str:
     return f"{model.group(1)}_{memory.group(1)}GB" if memory else model.group(1)
 
 
-def tflops_per_gpu(flops: float | None, step_time_ms: float | None, world_size: int) -> float | None:
+def tflops_per_gpu(
+    flops: float | None, step_time_ms: float | None, world_size: int
+) -> float | None:
     """One iteration's TFLOP/s per GPU from the same step time the record reports for it."""
     if flops is None or not step_time_ms:
         return None
@@ -56,8 +65,12 @@ def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, An
     for rank in ranks:
         for error in rank.errors:
             iteration = error.get("iteration")
-            if (isinstance(iteration, int) and iteration >= 1 and iteration not in by_iteration
-                    and error_kind(error.get("type"), error.get("message", "")) == "nan"):
+            if (
+                isinstance(iteration, int)
+                and iteration >= 1
+                and iteration not in by_iteration
+                and error_kind(error.get("type"), error.get("message", "")) == "nan"
+            ):
                 by_iteration[iteration] = [{"iteration": iteration, "nan": True, "rank": rank.rank}]
     rows = []
     for iteration, events in sorted(by_iteration.items()):
@@ -66,10 +79,15 @@ def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, An
         flops = next((rank.flops[iteration] for rank in ranks if iteration in rank.flops), None)
         lead = min(events, key=lambda e: e["rank"])
         loss = float("nan") if any(e.get("nan") for e in events) else lead.get("loss")
-        rows.append(iteration_row(
-            iteration, step_time_ms=step_time, loss=loss, tflops_per_gpu=tflops_per_gpu(flops, step_time, world_size),
-            skipped=any(e.get("skipped") for e in events),
-        ))
+        rows.append(
+            iteration_row(
+                iteration,
+                step_time_ms=step_time,
+                loss=loss,
+                tflops_per_gpu=tflops_per_gpu(flops, step_time, world_size),
+                skipped=any(e.get("skipped") for e in events),
+            )
+        )
     return rows
 
 
@@ -77,10 +95,17 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
     """Every rank that reported a peak, every iteration it reported (none is dropped or merged)."""
     result = []
     for rank in ranks:
-        peaks = {e["iteration"]: (e["allocated_bytes"], e.get("reserved_bytes"), e.get("allocated_after_step_bytes"),
-                                  e.get("allocated_after_zero_grad_bytes"),
-                                  e.get("device_used_bytes"))
-                 for e in rank.iterations if e.get("allocated_bytes") is not None}
+        peaks = {
+            e["iteration"]: (
+                e["allocated_bytes"],
+                e.get("reserved_bytes"),
+                e.get("allocated_after_step_bytes"),
+                e.get("allocated_after_zero_grad_bytes"),
+                e.get("device_used_bytes"),
+            )
+            for e in rank.iterations
+            if e.get("allocated_bytes") is not None
+        }
         if peaks:
             result.append(rank_peaks(rank.rank, peaks))
     return result
@@ -97,8 +122,15 @@ def _as_run(recipe: Recipe, ranks: list[RankEvidence]) -> tuple[str, dict[str, s
     return attention, notes
 
 
-def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: Classification, *,
-                 revisions: dict[str, Any] | None = None, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
+def build_record(
+    recipe: Recipe,
+    row: str,
+    ranks: list[RankEvidence],
+    outcome: Classification,
+    *,
+    revisions: dict[str, Any] | None = None,
+    provenance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     named = next((rank for rank in ranks if rank.device_name is not None), None)
     on_gpu = recipe.device == "cuda"
     if not on_gpu:
@@ -107,8 +139,12 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: C
         profile, sm = "unidentified", None
     else:
         profile, sm = device_profile(named.device_name), named.sm
-    extra = {"nnodes": str(recipe.nnodes), "nproc_per_node": str(recipe.nproc_per_node),
-             "expert_tp": str(recipe.parallelism.expert_tp), "launcher": "torchrun"}
+    extra = {
+        "nnodes": str(recipe.nnodes),
+        "nproc_per_node": str(recipe.nproc_per_node),
+        "expert_tp": str(recipe.parallelism.expert_tp),
+        "launcher": "torchrun",
+    }
     if not on_gpu:
         extra["device_memory"] = CPU_MEMORY_NOTE
     attention, facts = _as_run(recipe, ranks)
@@ -116,15 +152,23 @@ def build_record(recipe: Recipe, row: str, ranks: list[RankEvidence], outcome: C
     return new_record(
         "run",
         workload=workload(
-            recipe=recipe.name, model=recipe.model, backend=recipe.backend, seq_length=recipe.seq_length,
-            micro_batch_size=recipe.micro_batch_size, global_batch_size=recipe.global_batch_size,
-            precision=recipe.precision, attention_backend=attention,
-            train_iters=recipe.train_iters, parallelism=recipe.parallelism.record_layout(recipe.world_size),
+            recipe=recipe.name,
+            model=recipe.model,
+            backend=recipe.backend,
+            seq_length=recipe.seq_length,
+            micro_batch_size=recipe.micro_batch_size,
+            global_batch_size=recipe.global_batch_size,
+            precision=recipe.precision,
+            attention_backend=attention,
+            train_iters=recipe.train_iters,
+            parallelism=recipe.parallelism.record_layout(recipe.world_size),
             extra=extra,
         ),
         hardware=hardware(profile, recipe.world_size if on_gpu else 0, sm=sm),
         recompute=RecomputeFields.parse(row),
-        metrics=run_metrics(_iterations(ranks, recipe.world_size), _rank_peaks(ranks), recipe.steady_window),
+        metrics=run_metrics(
+            _iterations(ranks, recipe.world_size), _rank_peaks(ranks), recipe.steady_window
+        ),
         outcome=outcome.as_record(),
         revisions=revisions,
         provenance=provenance,

@@ -67,9 +67,9 @@ from typing import Any
 import torch
 from megatron.core.transformer.enums import AttnBackend
 
+from harness.config.fields import RecomputeFields
 from harness.run.allocator import ignored_allocator_env
 from harness.run.instrument import Instrument
-from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe, bridge_builders
 
 # (path fragment, function name) of the outermost frame that places a failure in a phase.
@@ -86,7 +86,9 @@ PHASE_FRAMES: tuple[tuple[str, str, str], ...] = (
 def phase_from_traceback(exc: BaseException, iteration: int) -> str | None:
     for frame in traceback.extract_tb(exc.__traceback__):
         for fragment, function, phase in PHASE_FRAMES:
-            if fragment in frame.filename.replace("\\", "/") and (not function or frame.name == function):
+            if fragment in frame.filename.replace("\\", "/") and (
+                not function or frame.name == function
+            ):
                 return "optimizer-init" if phase == "optimizer-step" and iteration == 1 else phase
     return None
 
@@ -127,7 +129,9 @@ class RankMetrics:
         self.instrument = instrument
         self.interval_started = 0.0
         self.flops_before = 0.0
-        self.flops_pending: int | None = None  # the step whose FLOPs Bridge adds after on_train_step_end
+        self.flops_pending: int | None = (
+            None  # the step whose FLOPs Bridge adds after on_train_step_end
+        )
         self.capture_after: int | None = None
 
     def _flops(self, context: Any) -> float | None:
@@ -144,7 +148,10 @@ class RankMetrics:
     def on_train_start(self, context: Any) -> None:
         self.instrument.device_ready()
         model = context.state.cfg.model  # after Bridge's set-up: what the run really has
-        self.instrument.note("attention_backend", getattr(model.attention_backend, "name", str(model.attention_backend)))
+        self.instrument.note(
+            "attention_backend",
+            getattr(model.attention_backend, "name", str(model.attention_backend)),
+        )
         dispatcher = dispatcher_of(model)
         if dispatcher is not None:
             self.instrument.note("moe_dispatcher", dispatcher)
@@ -170,8 +177,13 @@ class RankMetrics:
         # so "after the step" is the only between-iterations point this callback sees.
         self.instrument.read_allocated("after_step")
         # Emitted now, not at the next step's start: a failure in between (CUDA-graph capture) keeps it.
-        self.instrument.iteration_end(iteration, loss=loss, step_time_ms=(now - self.interval_started) * 1000.0,
-                                      skipped=bool(context.skipped_iter), peaks=self.instrument.memory_peaks())
+        self.instrument.iteration_end(
+            iteration,
+            loss=loss,
+            step_time_ms=(now - self.interval_started) * 1000.0,
+            skipped=bool(context.skipped_iter),
+            peaks=self.instrument.memory_peaks(),
+        )
         self.interval_started = now
         self.flops_pending = iteration
         if iteration == self.capture_after:
@@ -190,7 +202,9 @@ class FaultingForwardStep:
         self.forward_step = forward_step
         self.instrument = instrument
 
-    def __call__(self, state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False) -> Any:
+    def __call__(
+        self, state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
+    ) -> Any:
         output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
         iteration = state.train_state.step + 1
 
@@ -203,7 +217,9 @@ class FaultingForwardStep:
 @contextlib.contextmanager
 def _swapped(module: Any, name: str, replacement: Any) -> Iterator[None]:
     if not hasattr(module, name):
-        raise RuntimeError(f"{module.__name__}.{name} not found: the installed Bridge changed its Moonlight recipe")
+        raise RuntimeError(
+            f"{module.__name__}.{name} not found: the installed Bridge changed its Moonlight recipe"
+        )
     original = getattr(module, name)
     setattr(module, name, replacement)
     try:
@@ -213,16 +229,21 @@ def _swapped(module: Any, name: str, replacement: Any) -> Iterator[None]:
 
 
 def moonlight_16b_config(options: dict[str, Any]) -> Any:
-    from transformers import DeepseekV3Config
-
     from megatron.bridge import AutoBridge
     from megatron.bridge.recipes.moonlight.h100 import moonlight_16b as recipe_module
+    from transformers import DeepseekV3Config
 
-    text = resources.files("harness").joinpath("data", "bridge", "moonlight-16b-a3b.json").read_text(encoding="utf-8")
+    text = (
+        resources.files("harness")
+        .joinpath("data", "bridge", "moonlight-16b-a3b.json")
+        .read_text(encoding="utf-8")
+    )
     values = {key: value for key, value in json.loads(text).items() if not key.startswith("_")}
 
     def offline_provider() -> Any:
-        return AutoBridge.from_hf_config(DeepseekV3Config(**values)).to_megatron_provider(load_weights=False)
+        return AutoBridge.from_hf_config(DeepseekV3Config(**values)).to_megatron_provider(
+            load_weights=False
+        )
 
     with _swapped(recipe_module, "_moonlight_16b_model_provider", offline_provider):
         return recipe_module.moonlight_16b_pretrain_8gpu_h100_bf16_config()
@@ -238,7 +259,10 @@ def nemotron_3_nano_config(options: dict[str, Any]) -> Any:
     return cfg
 
 
-RECIPES = {"moonlight_16b": moonlight_16b_config, "nemotron_3_nano": nemotron_3_nano_config}  # = recipes.BRIDGE_RECIPES
+RECIPES = {
+    "moonlight_16b": moonlight_16b_config,
+    "nemotron_3_nano": nemotron_3_nano_config,
+}  # = recipes.BRIDGE_RECIPES
 
 
 def _dispatcher_fallback(cfg: Any) -> str | None:
@@ -249,8 +273,11 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
         return None
     backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
-    available = {"deepep": fused_a2a.HAVE_DEEP_EP, "hybridep": fused_a2a.HAVE_HYBRIDEP,
-                 "ncclep": fused_a2a.HAVE_TE_EP}.get(backend, True)
+    available = {
+        "deepep": fused_a2a.HAVE_DEEP_EP,
+        "hybridep": fused_a2a.HAVE_HYBRIDEP,
+        "ncclep": fused_a2a.HAVE_TE_EP,
+    }.get(backend, True)
     if available:
         return None
     cfg.model.moe_token_dispatcher_type = "alltoall"
@@ -300,14 +327,19 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     cfg.model.attention_backend = AttnBackend[recipe.attention_backend]
     for name, value in recipe.backend_options.get("model", {}).items():
         if not hasattr(cfg.model, name):
-            raise ValueError(f"Bridge's model provider has no field {name!r} (recipe [bridge.model])")
+            raise ValueError(
+                f"Bridge's model provider has no field {name!r} (recipe [bridge.model])"
+            )
         setattr(cfg.model, name, value)
     if isinstance(cfg.model.moe_layer_freq, list):
         # Bridge's DeepSeek-V3 provider spells the dense/MoE pattern as one entry per layer of the full
         # model (first_k_dense_replace zeros, then ones) and MCore requires len == num_layers: a
         # shortened model keeps the pattern's first layers.
         cfg.model.moe_layer_freq = cfg.model.moe_layer_freq[: cfg.model.num_layers]
-    recompute = {"recompute_modules": None, **RecomputeFields.parse(row).as_config_kwargs()}  # full rows: no module list
+    recompute = {
+        "recompute_modules": None,
+        **RecomputeFields.parse(row).as_config_kwargs(),
+    }  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
     requested = _dispatcher_fallback(cfg)
@@ -318,7 +350,9 @@ def _bridge_recipe(recipe: Recipe) -> Any:
     """Bridge's own recipe config, before the harness's overrides."""
     options = recipe.backend_options
     name = options["recipe"]
-    builder = RECIPES.get(name) or bridge_builders()[name].load()  # load_recipe refused any other name
+    builder = (
+        RECIPES.get(name) or bridge_builders()[name].load()
+    )  # load_recipe refused any other name
     return builder(options)
 
 
@@ -338,7 +372,9 @@ def rejections(recipe: Recipe, rows: list[str]) -> dict[str, str]:
         cfg, _ = short_run(copy.deepcopy(base), recipe, row)
         try:
             runtime_config_update(cfg)
-        except Exception as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
+        except (
+            Exception  # noqa: BLE001
+        ) as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
             refused[row] = f"{type(exc).__name__}: {exc}"
     return refused
 
@@ -361,7 +397,9 @@ def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
     if ignored is not None:
         instrument.note("allocator_ignored_env", ignored)
     if late:
-        instrument.note("env_applied_after_cuda_init", "true: CUDA had started before these values were set")
+        instrument.note(
+            "env_applied_after_cuda_init", "true: CUDA had started before these values were set"
+        )
 
 
 def _upstream_entry_points() -> list[Any]:
@@ -387,9 +425,15 @@ def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
         callbacks.register(event, getattr(metrics, event))
 
     def refine_phase(exc: BaseException) -> None:
-        instrument.phase_name = phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
+        instrument.phase_name = (
+            phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
+        )
 
-    step = FaultingForwardStep(forward_step, instrument) if instrument.fault is not None else forward_step
+    step = (
+        FaultingForwardStep(forward_step, instrument)
+        if instrument.fault is not None
+        else forward_step
+    )
     try:
         with instrument.reporting_unwind(_upstream_entry_points(), before_report=refine_phase):
             pretrain(cfg, step, callbacks=callbacks)

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
+from harness.config.fields import RecomputeFields
 from harness.models import TinyModel, build_model
 from harness.run.instrument import Instrument, NonFiniteLoss
-from harness.config.fields import RecomputeFields
 from harness.run.recipes import Parallelism, Recipe
 
 SEED = 1234
@@ -41,8 +41,9 @@ def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
     if device == "cpu":
         from harness.cpu.adapter import init_cpu_parallel_state
 
-        init_cpu_parallel_state(tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp, seed=SEED,
-                                timeout_s=timeout_s)
+        init_cpu_parallel_state(
+            tp=layout.tp, pp=layout.pp, ep=layout.ep, cp=layout.cp, seed=SEED, timeout_s=timeout_s
+        )
         return
     from harness.cpu.adapter import bind_fp8_disabled_without_te
 
@@ -51,9 +52,12 @@ def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s))
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tp, pipeline_model_parallel_size=layout.pp,
-        context_parallel_size=layout.cp, expert_model_parallel_size=layout.ep,
-        expert_tensor_parallel_size=layout.expert_tp, distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+        tensor_model_parallel_size=layout.tp,
+        pipeline_model_parallel_size=layout.pp,
+        context_parallel_size=layout.cp,
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_tp,
+        distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
     )
     torch.manual_seed(SEED)
     model_parallel_cuda_manual_seed(SEED)
@@ -61,8 +65,14 @@ def _init_parallel(layout: Parallelism, device: str, timeout_s: float) -> None:
 
 def _grad_groups(module: torch.nn.Module) -> list[tuple[Any, list[torch.Tensor]]]:
     """(process group, gradients) as MCore's DDP reduces them: dense over DP, experts over expert DP."""
-    dense = [p.grad for p in module.parameters() if p.grad is not None and getattr(p, "allreduce", True)]
-    expert = [p.grad for p in module.parameters() if p.grad is not None and not getattr(p, "allreduce", True)]
+    dense = [
+        p.grad for p in module.parameters() if p.grad is not None and getattr(p, "allreduce", True)
+    ]
+    expert = [
+        p.grad
+        for p in module.parameters()
+        if p.grad is not None and not getattr(p, "allreduce", True)
+    ]
     return [
         (parallel_state.get_data_parallel_group(with_context_parallel=True), dense),
         (parallel_state.get_expert_data_parallel_group(), expert),
@@ -90,7 +100,9 @@ def _reduced_loss(local: torch.Tensor) -> torch.Tensor:
 def _step_loss(reduced: list[torch.Tensor], local: list[torch.Tensor], iteration: int) -> float:
     """World-mean loss of the step, read with one device-to-host copy; NaN/Inf anywhere raises
     NonFiniteLoss on every rank at once (the reduced values are the same on every rank)."""
-    values = torch.stack([torch.stack(reduced).sum(), torch.stack([t.detach().float() for t in local]).sum()]).tolist()
+    values = torch.stack(
+        [torch.stack(reduced).sum(), torch.stack([t.detach().float() for t in local]).sum()]
+    ).tolist()
     value = values[0] / len(reduced) / dist.get_world_size()
     if not math.isfinite(value):
         raise NonFiniteLoss(iteration, value, values[1])
@@ -145,16 +157,24 @@ def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
         _init_parallel(layout, recipe.device, recipe.timeout_s)
         instrument.device_ready()
         model = build_model(
-            recipe.model, RecomputeFields.parse(row), seq_length=recipe.seq_length,
-            micro_batch_size=recipe.micro_batch_size, dtype=_DTYPES[recipe.precision],
-            device=recipe.device, seed=SEED, expert_model_parallel_size=layout.ep, **options.get("config", {}),
+            recipe.model,
+            RecomputeFields.parse(row),
+            seq_length=recipe.seq_length,
+            micro_batch_size=recipe.micro_batch_size,
+            dtype=_DTYPES[recipe.precision],
+            device=recipe.device,
+            seed=SEED,
+            expert_model_parallel_size=layout.ep,
+            **options.get("config", {}),
         )
         model.module.train()
     # As run (the record's workload identity): the style models use MCore's local attention spec.
     instrument.note("attention_backend", "local")
     if model.config.num_moe_experts:
         instrument.note("moe_dispatcher", model.config.moe_token_dispatcher_type)
-    micro_batches = recipe.global_batch_size // (recipe.micro_batch_size * layout.data_parallel(world))
+    micro_batches = recipe.global_batch_size // (
+        recipe.micro_batch_size * layout.data_parallel(world)
+    )
     return MCoreTraining(model, micro_batches, float(options.get("lr", 1e-4)), dist.get_rank())
 
 
@@ -164,7 +184,9 @@ def instrumented_iteration(training: MCoreTraining, iteration: int, instrument: 
     loss = training.step(iteration, instrument)
     if training.model.device.type == "cuda":
         torch.cuda.synchronize()
-    instrument.iteration_end(iteration, loss=loss, step_time_ms=(time.perf_counter() - started) * 1000.0)
+    instrument.iteration_end(
+        iteration, loss=loss, step_time_ms=(time.perf_counter() - started) * 1000.0
+    )
 
 
 def train(recipe: Recipe, row: str, instrument: Instrument) -> None:

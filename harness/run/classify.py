@@ -32,14 +32,29 @@ from harness.record.schema import PHASES
 from harness.run.events import RankEvidence
 from harness.run.torchrun import TORCHRUN_DIR, LaunchResult
 
-OOM_MARKERS = ("out of memory", "outofmemoryerror", "cublas_status_alloc_failed", "cudaerrormemoryallocation")
+OOM_MARKERS = (
+    "out of memory",
+    "outofmemoryerror",
+    "cublas_status_alloc_failed",
+    "cudaerrormemoryallocation",
+)
 # Ours (the mcore loop's NonFiniteLoss) and Megatron's NaN / Inf checks on the loss (Bridge's
 # masked_next_token_loss through the rerun state machine: "found NaN in local forward loss
 # calculation", "found Inf in local forward loss calculation"; MCore's grad-norm checks).
-NAN_MARKERS = ("non-finite loss", "nan in local forward loss", "inf in local forward loss", "found nan", "found inf",
-               "loss is nan", "loss is inf")
+NAN_MARKERS = (
+    "non-finite loss",
+    "nan in local forward loss",
+    "inf in local forward loss",
+    "found nan",
+    "found inf",
+    "loss is nan",
+    "loss is inf",
+)
 PEER_LOSS_MARKERS = (
-    "connection closed by peer", "connection reset by peer", "broken pipe", "communicator was aborted",
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "communicator was aborted",
     "terminated with signal",
 )
 # A collective that timed out waited for a rank that never came: a hang, seen from the waiting side.
@@ -73,7 +88,9 @@ def error_kind(type_name: str | None, message: str) -> str:
         return "oom"
     if any(marker in text for marker in HANG_MARKERS):
         return "hang"
-    if type_name in ("NonFiniteLoss", "FloatingPointError") or any(marker in text for marker in NAN_MARKERS):
+    if type_name in ("NonFiniteLoss", "FloatingPointError") or any(
+        marker in text for marker in NAN_MARKERS
+    ):
         return "nan"
     return "crash"
 
@@ -101,7 +118,9 @@ def torchrun_errors(row_dir: Path) -> list[dict[str, Any]]:
     return found
 
 
-_RAISED = re.compile(r"\s*(?:\[rank\d+\]:\s*)?[\w.]*(?:Error|Exception|Interrupt)\b")  # "ModuleNotFoundError: ..."
+_RAISED = re.compile(
+    r"\s*(?:\[rank\d+\]:\s*)?[\w.]*(?:Error|Exception|Interrupt)\b"
+)  # "ModuleNotFoundError: ..."
 
 
 def _tail(path: Path) -> str:
@@ -118,12 +137,19 @@ def last_words(row_dir: Path) -> str | None:
     """For ranks that died without an error line or file: the last line a rank wrote to stderr (an
     import error's traceback ends there), else the last line of torchrun's own log (its agent failing
     before any worker started); "<file>: <line>", or None when every log is empty."""
-    for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")):  # warnings are not the cause
-        line = next((line.strip() for line in reversed(_tail(path).splitlines()) if _RAISED.match(line)), None)
+    for path in sorted(
+        Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")
+    ):  # warnings are not the cause
+        line = next(
+            (line.strip() for line in reversed(_tail(path).splitlines()) if _RAISED.match(line)),
+            None,
+        )
         if line is not None:
             return f"{path.relative_to(row_dir)}: {line[:400]}"
     for path in sorted(Path(row_dir).glob("launcher*.log")):
-        line = next((line.strip() for line in reversed(_tail(path).splitlines()) if line.strip()), None)
+        line = next(
+            (line.strip() for line in reversed(_tail(path).splitlines()) if line.strip()), None
+        )
         if line is not None:
             return f"{path.relative_to(row_dir)}: {line[:400]}"
     return None
@@ -133,7 +159,9 @@ def watchdog_timeouts(row_dir: Path) -> list[tuple[Path, str]]:
     """(stderr.log, line) for each rank whose stderr ends with torch's NCCL watchdog timeout report."""
     found = []
     for path in sorted(Path(row_dir, TORCHRUN_DIR).rglob("stderr.log")):
-        line = next((line for line in _tail(path).splitlines() if WATCHDOG_MARKER in line.lower()), None)
+        line = next(
+            (line for line in _tail(path).splitlines() if WATCHDOG_MARKER in line.lower()), None
+        )
         if line is not None:
             found.append((path, line.strip()))
     return found
@@ -141,7 +169,9 @@ def watchdog_timeouts(row_dir: Path) -> list[tuple[Path, str]]:
 
 # torchrun's failure summary: "Root Cause (first observed failure):" then, per failed rank,
 # "rank : 1 (local_rank: 1)" and "exitcode : -9 (pid: 123)".
-_TORCHRUN_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.S)
+_TORCHRUN_FAILURE = re.compile(
+    r"rank\s*:\s*(\d+)\s*\(local_rank.*?\n\s*exitcode\s*:\s*(-?\d+)", re.DOTALL
+)
 
 
 def torchrun_exit_codes(row_dir: Path) -> dict[int, int]:
@@ -175,17 +205,33 @@ def _first_line(message: str) -> str:
     return message.strip().splitlines()[0][:400] if message.strip() else ""
 
 
-def classify(ranks: list[RankEvidence], launch: LaunchResult, *, train_iters: int, row_dir: Path,
-             stall_timeout_s: float, timeout_s: float) -> Classification:
+def classify(
+    ranks: list[RankEvidence],
+    launch: LaunchResult,
+    *,
+    train_iters: int,
+    row_dir: Path,
+    stall_timeout_s: float,
+    timeout_s: float,
+) -> Classification:
     outcome = _classify(ranks, launch, train_iters, row_dir, stall_timeout_s, timeout_s)
     if launch.killed_leftovers:
-        outcome = replace(outcome, message=f"{outcome.message}; killed {len(launch.killed_leftovers)} process(es) "
-                                           "that outlived torchrun")
+        outcome = replace(
+            outcome,
+            message=f"{outcome.message}; killed {len(launch.killed_leftovers)} process(es) "
+            "that outlived torchrun",
+        )
     return outcome
 
 
-def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int, row_dir: Path,
-              stall_timeout_s: float, timeout_s: float) -> Classification:
+def _classify(
+    ranks: list[RankEvidence],
+    launch: LaunchResult,
+    train_iters: int,
+    row_dir: Path,
+    stall_timeout_s: float,
+    timeout_s: float,
+) -> Classification:
     unfinished = [rank for rank in ranks if not rank.done]
     errors = [(rank.rank, error) for rank in ranks for error in rank.errors]
     own = [(rank, error) for rank, error in errors if not _is_peer_loss(error.get("message", ""))]
@@ -194,7 +240,10 @@ def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int,
             # A rank reported its own failure and then never exited (a clean-up that hung): the
             # failure is the root, the stop its consequence.
             found = _from_error_events(errors)
-            return replace(found, message=f"{found.message}; then the runner stopped the row ({launch.stopped})")
+            return replace(
+                found,
+                message=f"{found.message}; then the runner stopped the row ({launch.stopped})",
+            )
         # Stopped while some rank was still silent: a hang. One whose every unfinished rank had already
         # reported (a lost peer) only ended slowly; who died first decides below.
         if any(not rank.errors for rank in unfinished):
@@ -208,24 +257,49 @@ def _classify(ranks: list[RankEvidence], launch: LaunchResult, train_iters: int,
         return _from_torchrun(unfinished, launch, row_dir)
     short = [rank.rank for rank in ranks if len(rank.iterations) < train_iters]
     if short:
-        return Classification("crash", None, None, tuple(short),
-                       f"rank(s) {short} finished without reporting all {train_iters} iterations")
+        return Classification(
+            "crash",
+            None,
+            None,
+            tuple(short),
+            f"rank(s) {short} finished without reporting all {train_iters} iterations",
+        )
     nan = [rank.rank for rank in ranks if any(it.get("nan") for it in rank.iterations)]
     if nan:
         return Classification("nan", None, None, tuple(nan), "non-finite loss reported")
     lost = [node for node, code in enumerate(launch.returncodes) if code is not None and code < 0]
     if lost:  # every rank reported, but a node's agent was killed: the row cannot be trusted
         per_node = len(ranks) // max(len(launch.returncodes), 1)
-        node_ranks = tuple(r for node in lost for r in range(node * per_node, (node + 1) * per_node))
-        return Classification("crash", None, None, node_ranks,
-                              f"torchrun agent(s) of node(s) {lost} lost ({', '.join(_describe_exit(launch.returncodes[n]) for n in lost)})")
-    exit_note = "" if launch.succeeded else f" (then the processes did not exit cleanly: {launch.stopped or launch.returncodes})"
-    return Classification("completed", train_iters, None, (),
-                   f"completed {train_iters} iterations on {len(ranks)} ranks{exit_note}")
+        node_ranks = tuple(
+            r for node in lost for r in range(node * per_node, (node + 1) * per_node)
+        )
+        return Classification(
+            "crash",
+            None,
+            None,
+            node_ranks,
+            f"torchrun agent(s) of node(s) {lost} lost ({', '.join(_describe_exit(launch.returncodes[n]) for n in lost)})",
+        )
+    exit_note = (
+        ""
+        if launch.succeeded
+        else f" (then the processes did not exit cleanly: {launch.stopped or launch.returncodes})"
+    )
+    return Classification(
+        "completed",
+        train_iters,
+        None,
+        (),
+        f"completed {train_iters} iterations on {len(ranks)} ranks{exit_note}",
+    )
 
 
-def _died_silently(ranks: list[RankEvidence], errors: list[tuple[int, dict[str, Any]]], launch: LaunchResult,
-                   row_dir: Path) -> Classification | None:
+def _died_silently(
+    ranks: list[RankEvidence],
+    errors: list[tuple[int, dict[str, Any]]],
+    launch: LaunchResult,
+    row_dir: Path,
+) -> Classification | None:
     """The first rank to die without a word (SIGKILL, an early exit) is the root cause: every error the
     others wrote is then only a peer's loss (collateral). Evidence, strongest first: the runner saw the
     rank's process end unreported; torchrun names it the root cause (exit code or signal); it is the
@@ -244,14 +318,25 @@ def _died_silently(ranks: list[RankEvidence], errors: list[tuple[int, dict[str, 
     first = min(blamed, key=lambda rank: rank.last_time or 0.0)
     if not signalled:  # only the order of events: the rank(s) that stopped first
         blamed = [rank for rank in blamed if rank.position == first.position]
-    collateral = sorted({r for r, _ in errors} | {r.rank for r in ranks if not r.done and r not in blamed})
-    where = f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
-    message = (f"rank(s) {[r.rank for r in blamed]} died at {where} "
-               f"({'; '.join(f'rank {r.rank} {_describe_exit(codes.get(r.rank))}' for r in blamed)})")
+    collateral = sorted(
+        {r for r, _ in errors} | {r.rank for r in ranks if not r.done and r not in blamed}
+    )
+    where = (
+        f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
+    )
+    message = (
+        f"rank(s) {[r.rank for r in blamed]} died at {where} "
+        f"({'; '.join(f'rank {r.rank} {_describe_exit(codes.get(r.rank))}' for r in blamed)})"
+    )
     if collateral:
         message += f"; collateral: rank(s) {collateral} (lost their peer)"
-    return Classification("crash", first.iteration if first.phase else None, first.phase,
-                          tuple(r.rank for r in blamed), message)
+    return Classification(
+        "crash",
+        first.iteration if first.phase else None,
+        first.phase,
+        tuple(r.rank for r in blamed),
+        message,
+    )
 
 
 def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEvidence]]:
@@ -259,17 +344,27 @@ def _behind(ranks: list[RankEvidence]) -> tuple[tuple[int, int], list[RankEviden
     return lowest, [rank for rank in ranks if rank.position == lowest]
 
 
-def _hang(ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float) -> Classification:
+def _hang(
+    ranks: list[RankEvidence], launch: LaunchResult, stall_timeout_s: float, timeout_s: float
+) -> Classification:
     unfinished = [rank for rank in ranks if not rank.done]
     # The ranks that stopped reporting: unfinished and silent (a rank whose collective timed out said so).
     waiting = [rank for rank in unfinished if not rank.errors] or unfinished or ranks
     _, stuck = _behind(waiting)
     first = stuck[0]
-    why = (f"no rank reported progress for {stall_timeout_s:g} s" if launch.stopped == "stall"
-           else f"still running after the {timeout_s:g} s timeout")
-    where = f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
+    why = (
+        f"no rank reported progress for {stall_timeout_s:g} s"
+        if launch.stopped == "stall"
+        else f"still running after the {timeout_s:g} s timeout"
+    )
+    where = (
+        f"iteration {first.iteration} {first.phase}" if first.phase else "before its first phase"
+    )
     return Classification(
-        "hang", first.iteration if first.phase else None, first.phase, tuple(rank.rank for rank in stuck),
+        "hang",
+        first.iteration if first.phase else None,
+        first.phase,
+        tuple(rank.rank for rank in stuck),
         f"{why}; rank(s) {[rank.rank for rank in stuck]} stopped at {where}; process group killed",
     )
 
@@ -279,10 +374,18 @@ def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Classificati
     candidates = own or errors
     root_rank, root = min(candidates, key=lambda item: item[1].get("t", 0.0))
     kind = error_kind(root.get("type"), root.get("message", ""))
-    same = sorted({rank for rank, error in candidates if error_kind(error.get("type"), error.get("message", "")) == kind})
+    same = sorted(
+        {
+            rank
+            for rank, error in candidates
+            if error_kind(error.get("type"), error.get("message", "")) == kind
+        }
+    )
     if kind == "nan":
         # Every rank stops on the reduced loss; the ranks whose own loss was non-finite are the origin.
-        origin = [(rank, error) for rank, error in candidates if error.get("local_loss_finite") is False]
+        origin = [
+            (rank, error) for rank, error in candidates if error.get("local_loss_finite") is False
+        ]
         if origin:
             root_rank, root = min(origin, key=lambda item: item[1].get("t", 0.0))
             same = sorted({rank for rank, _ in origin})
@@ -290,7 +393,9 @@ def _from_error_events(errors: list[tuple[int, dict[str, Any]]]) -> Classificati
     return Classification(kind, root.get("iteration"), root.get("phase"), tuple(same), message)
 
 
-def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir: Path) -> Classification:
+def _from_torchrun(
+    unfinished: list[RankEvidence], launch: LaunchResult, row_dir: Path
+) -> Classification:
     """No rank wrote an error line (killed by a signal, died in an import): use torchrun's files."""
     files = torchrun_errors(row_dir)
     own = [item for item in files if not _is_peer_loss(item["message"])] or files
@@ -300,18 +405,24 @@ def _from_torchrun(unfinished: list[RankEvidence], launch: LaunchResult, row_dir
     if own:
         root = min(own, key=lambda item: item["t"])
         kind = error_kind(None, root["message"])
-        message = f"{_first_line(root['message'])} (torchrun error file {Path(root['path']).parent.name})"
+        message = (
+            f"{_first_line(root['message'])} (torchrun error file {Path(root['path']).parent.name})"
+        )
     elif watchdog:
         kind = "hang"
         path, line = watchdog[0]
-        message = (f"NCCL watchdog aborted the process: {line[:400]} ({path.parent.name}/{path.name}); "
-                   f"torchrun exit codes {launch.returncodes}")
+        message = (
+            f"NCCL watchdog aborted the process: {line[:400]} ({path.parent.name}/{path.name}); "
+            f"torchrun exit codes {launch.returncodes}"
+        )
     else:
         kind = "crash"
         message = f"torchrun exit codes {launch.returncodes}; rank(s) {[r.rank for r in stuck]} exited without an error report"
         if (words := last_words(row_dir)) is not None:
             message += f"; last words: {words}"
-    return Classification(kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message)
+    return Classification(
+        kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message
+    )
 
 
 def against_control(row: Classification, control: Classification | None) -> Classification:
@@ -321,7 +432,10 @@ def against_control(row: Classification, control: Classification | None) -> Clas
     if row.position is None or control.position is None or row.position <= control.position:
         return row
     return Classification(
-        "advanced-but-failed", row.iteration, row.phase, row.ranks,
+        "advanced-but-failed",
+        row.iteration,
+        row.phase,
+        row.ranks,
         f"{row.status}: {row.message}; got further than the [] control "
         f"({control.status} at iteration {control.iteration} {control.phase})",
     )

@@ -37,12 +37,14 @@ class EventWriter:
     def __init__(self, row_dir: Path, rank: int) -> None:
         path = events_path(row_dir, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = open(path, "a", encoding="utf-8")
+        self._file: TextIO = open(path, "a", encoding="utf-8")  # noqa: SIM115
         self.rank = rank
 
     def emit(self, event: str, **fields: Any) -> None:
         fields = {key: _finite_or_none(value) for key, value in fields.items()}
-        self._file.write(json.dumps({"event": event, "t": time.time(), **fields}, allow_nan=False) + "\n")
+        self._file.write(
+            json.dumps({"event": event, "t": time.time(), **fields}, allow_nan=False) + "\n"
+        )
         self._file.flush()
 
     def close(self) -> None:

@@ -74,7 +74,9 @@ class Fault:
         if self.kind == "oom":
             import torch
 
-            raise torch.OutOfMemoryError(INJECTED_OOM_MESSAGE.format(iteration=iteration, phase=phase, rank=rank))
+            raise torch.OutOfMemoryError(
+                INJECTED_OOM_MESSAGE.format(iteration=iteration, phase=phase, rank=rank)
+            )
         if self.kind == "hang":
             while True:  # the runner's stall timeout kills the whole process group
                 time.sleep(3600)
@@ -95,8 +97,10 @@ class Fault:
     def check_backend(self, backend: str) -> None:
         """Refuse a fault its back end would never fire (the row would otherwise pass untested)."""
         if self.phase not in BACKEND_PHASES[backend]:
-            raise UsageError(f"fault {self.spec()!r}: the {backend} back end never marks phase {self.phase} "
-                             f"(it marks {', '.join(BACKEND_PHASES[backend])})")
+            raise UsageError(
+                f"fault {self.spec()!r}: the {backend} back end never marks phase {self.phase} "
+                f"(it marks {', '.join(BACKEND_PHASES[backend])})"
+            )
 
 
 def parse_fault(spec: str) -> Fault:
@@ -108,7 +112,9 @@ def parse_fault(spec: str) -> Fault:
     for item in filter(None, params.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in ("iteration", "phase", "rank", "row") or key in values:
-            raise UsageError(f"fault {spec!r}: expected iteration=I,phase=P,rank=R[,row=NAME], got {item!r}")
+            raise UsageError(
+                f"fault {spec!r}: expected iteration=I,phase=P,rank=R[,row=NAME], got {item!r}"
+            )
         values[key] = value
     phase = values.get("phase", "forward")
     if phase not in PHASES:
@@ -122,7 +128,9 @@ def parse_fault(spec: str) -> Fault:
     if phase == "model-build" and iteration != 0:
         raise UsageError(f"fault {spec!r}: model-build happens at iteration 0")
     if phase != "model-build" and iteration < 1 or rank < 0:
-        raise UsageError(f"fault {spec!r}: iterations count from 1 (0 is model-build), ranks from 0")
+        raise UsageError(
+            f"fault {spec!r}: iterations count from 1 (0 is model-build), ranks from 0"
+        )
     return Fault(kind, iteration, phase, rank, values.get("row"))
 
 

@@ -36,13 +36,17 @@ class NonFiniteLoss(FloatingPointError):
     The loss is made in ``forward`` (``phase``) even when the check reads it later (once per step)."""
 
     def __init__(self, iteration: int, reduced: float, local: float) -> None:
-        super().__init__(f"non-finite loss at iteration {iteration}: reduced {reduced}, this rank {local}")
+        super().__init__(
+            f"non-finite loss at iteration {iteration}: reduced {reduced}, this rank {local}"
+        )
         self.local_finite = math.isfinite(local)
         self.iteration = iteration
         self.phase = "forward"
 
 
-MemoryReading = tuple[int | None, int | None, int | None]  # (allocated peak, reserved peak, device used)
+MemoryReading = tuple[
+    int | None, int | None, int | None
+]  # (allocated peak, reserved peak, device used)
 
 
 class Instrument:
@@ -57,13 +61,21 @@ class Instrument:
         self.phase_name: str | None = None
         self.device_named = False
         self._reported: BaseException | None = None
-        self.allocated: dict[str, int] = {}  # memory_allocated() read this iteration, emitted at its end
+        self.allocated: dict[
+            str, int
+        ] = {}  # memory_allocated() read this iteration, emitted at its end
 
     def started(self, world_size: int) -> None:
         """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
         (the allocator's ``PYTORCH_CUDA_ALLOC_CONF``), and a back end may still have to set them."""
-        self.events.emit("start", rank=self.rank, world_size=world_size, pid=os.getpid(),
-                         host=socket.gethostname(), device=self.device)
+        self.events.emit(
+            "start",
+            rank=self.rank,
+            world_size=world_size,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            device=self.device,
+        )
 
     def device_ready(self) -> None:
         """Name this rank's GPU; back ends call it once they have set CUDA up (nothing on CPU)."""
@@ -72,14 +84,20 @@ class Instrument:
         import torch
 
         properties = torch.cuda.get_device_properties(torch.cuda.current_device())
-        self.events.emit("device", name=properties.name, sm=f"{properties.major}.{properties.minor}")
+        self.events.emit(
+            "device", name=properties.name, sm=f"{properties.major}.{properties.minor}"
+        )
         self.device_named = True
 
     def enter(self, iteration: int, name: str) -> None:
         """Mark the start of a phase (and give the fault hook its chance to fire there)."""
         self.iteration, self.phase_name = iteration, name
         self.events.emit("phase", iteration=iteration, phase=name)
-        if self.fault is not None and self.fault.kind not in LOSS_KINDS and self.fault.fires(iteration, name, self.rank):
+        if (
+            self.fault is not None
+            and self.fault.kind not in LOSS_KINDS
+            and self.fault.fires(iteration, name, self.rank)
+        ):
             self.fault_fired()
             self.fault.at_phase_start(iteration, name, self.rank)
 
@@ -110,7 +128,11 @@ class Instrument:
         import torch
 
         free, total = torch.cuda.mem_get_info()
-        return int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved()), int(total - free)
+        return (
+            int(torch.cuda.max_memory_allocated()),
+            int(torch.cuda.max_memory_reserved()),
+            int(total - free),
+        )
 
     def read_allocated(self, point: str) -> None:
         """``torch.cuda.memory_allocated()`` now, for ``point`` "after_step" or "after_zero_grad" (nothing
@@ -122,15 +144,29 @@ class Instrument:
 
         self.allocated[point] = int(torch.cuda.memory_allocated())
 
-    def iteration_end(self, iteration: int, *, loss: float | None, step_time_ms: float | None,
-                      skipped: bool = False, peaks: MemoryReading | None = None) -> None:
+    def iteration_end(
+        self,
+        iteration: int,
+        *,
+        loss: float | None,
+        step_time_ms: float | None,
+        skipped: bool = False,
+        peaks: MemoryReading | None = None,
+    ) -> None:
         """``peaks`` when read earlier (right after the optimizer step); else read now."""
         allocated, reserved, device_used = self.memory_peaks() if peaks is None else peaks
         carried = {f"allocated_{point}_bytes": value for point, value in self.allocated.items()}
         self.allocated = {}
         self.events.emit(
-            "iteration", iteration=iteration, loss=loss, step_time_ms=step_time_ms, skipped=skipped,
-            allocated_bytes=allocated, reserved_bytes=reserved, device_used_bytes=device_used, **carried,
+            "iteration",
+            iteration=iteration,
+            loss=loss,
+            step_time_ms=step_time_ms,
+            skipped=skipped,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+            device_used_bytes=device_used,
+            **carried,
             nan=loss is not None and not math.isfinite(loss),
         )
 
@@ -144,24 +180,34 @@ class Instrument:
             return
         self._reported = exc
         self.events.emit(
-            "error", iteration=getattr(exc, "iteration", self.iteration),
-            phase=getattr(exc, "phase", self.phase_name), type=type(exc).__name__,
-            message=str(exc)[:2000], local_loss_finite=getattr(exc, "local_finite", None),
+            "error",
+            iteration=getattr(exc, "iteration", self.iteration),
+            phase=getattr(exc, "phase", self.phase_name),
+            type=type(exc).__name__,
+            message=str(exc)[:2000],
+            local_loss_finite=getattr(exc, "local_finite", None),
         )
-        if not self.device_named:  # failed before the back end named the GPU: the record still needs it
+        if (
+            not self.device_named
+        ):  # failed before the back end named the GPU: the record still needs it
             with contextlib.suppress(Exception):
                 self.device_ready()
 
     @contextlib.contextmanager
-    def reporting_unwind(self, functions: list[Callable[..., Any]],
-                         before_report: Callable[[BaseException], None] | None = None) -> Iterator[None]:
+    def reporting_unwind(
+        self,
+        functions: list[Callable[..., Any]],
+        before_report: Callable[[BaseException], None] | None = None,
+    ) -> Iterator[None]:
         """Write the error line as soon as an exception leaves one of ``functions``, i.e. before whatever
         clean-up their caller runs. Python's ``sys.monitoring`` PY_UNWIND event (a global event: it
         costs one call per Python frame an exception unwinds, nothing on the normal path); only the
         given functions' frames report. ``before_report`` may refine the phase first."""
         monitoring = sys.monitoring
         tool = next((i for i in range(6) if monitoring.get_tool(i) is None), None)
-        if tool is None:  # every tool slot is taken (a debugger, a profiler): the worker reports at the end
+        if (
+            tool is None
+        ):  # every tool slot is taken (a debugger, a profiler): the worker reports at the end
             yield
             return
         codes = {inspect.unwrap(function).__code__ for function in functions}

@@ -42,20 +42,35 @@ def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOU
     with tempfile.TemporaryDirectory(prefix="preflight-") as scratch:
         request, verdicts = Path(scratch) / "request.json", Path(scratch) / "verdicts.json"
         write_json_atomic(request, {"recipe": recipe.as_dict(), "rows": rows})
-        child = run_bounded([sys.executable, "-m", "harness.run.preflight", str(request), str(verdicts)],
-                            timeout_s=timeout_s, env=env)
+        child = run_bounded(
+            [sys.executable, "-m", "harness.run.preflight", str(request), str(verdicts)],
+            timeout_s=timeout_s,
+            env=env,
+        )
         if child is None:
-            raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check did not finish in "
-                             f"{timeout_s:g} s (killed)")
+            raise UsageError(
+                f"recipe {recipe.name!r}: Bridge's pre-launch check did not finish in "
+                f"{timeout_s:g} s (killed)"
+            )
         if child.returncode != 0 or not verdicts.exists():
-            last = next((line for line in reversed(child.stderr.splitlines()) if line.strip()), "no message")
-            raise UsageError(f"recipe {recipe.name!r}: Bridge's pre-launch check failed: {last.strip()}")
+            last = next(
+                (line for line in reversed(child.stderr.splitlines()) if line.strip()), "no message"
+            )
+            raise UsageError(
+                f"recipe {recipe.name!r}: Bridge's pre-launch check failed: {last.strip()}"
+            )
         refused: dict[str, str] = json.loads(verdicts.read_text(encoding="utf-8"))
     if refused:
         row, reason = next(iter(refused.items()))
-        more = f" ({len(refused) - 1} more rows refused: {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
-        raise UsageError(f"recipe {recipe.name!r} row {row!r}: Megatron Bridge refuses the config before launch: "
-                         f"{' '.join(reason.split())}{more}")
+        more = (
+            f" ({len(refused) - 1} more rows refused: {', '.join(list(refused)[1:])})"
+            if len(refused) > 1
+            else ""
+        )
+        raise UsageError(
+            f"recipe {recipe.name!r} row {row!r}: Megatron Bridge refuses the config before launch: "
+            f"{' '.join(reason.split())}{more}"
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -64,7 +79,9 @@ def main(argv: list[str]) -> None:
     from harness.run.backend_bridge import rejections
 
     request = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
-    write_json_atomic(Path(argv[1]), rejections(Recipe.from_dict(request["recipe"]), request["rows"]))
+    write_json_atomic(
+        Path(argv[1]), rejections(Recipe.from_dict(request["recipe"]), request["rows"])
+    )
 
 
 if __name__ == "__main__":

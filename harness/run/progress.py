@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from typing import Self
 
 from rich.console import Console
 from rich.live import Live
@@ -19,8 +20,14 @@ from rich.table import Table
 from harness.run.classify import Classification
 from harness.run.events import RankEvidence
 
-_STYLE = {"completed": "green", "oom": "red", "nan": "red", "crash": "red", "hang": "red",
-          "advanced-but-failed": "yellow"}
+_STYLE = {
+    "completed": "green",
+    "oom": "red",
+    "nan": "red",
+    "crash": "red",
+    "hang": "red",
+    "advanced-but-failed": "yellow",
+}
 
 
 class ProgressConsole(Console):
@@ -83,18 +90,31 @@ def _seconds(value: float | None) -> str:
 class LiveProgress:
     """One line per row; the running row's line updates on every poll (or logs when it changes)."""
 
-    def __init__(self, recipe: str, rows: list[str], iterations: int, console: Console | None = None,
-                 plain: bool | None = None) -> None:
+    def __init__(
+        self,
+        recipe: str,
+        rows: list[str],
+        iterations: int,
+        console: Console | None = None,
+        plain: bool | None = None,
+    ) -> None:
         self.recipe = recipe
         self.iterations = iterations
         self.console = console or ProgressConsole(stderr=True)
-        self.plain = (not (sys.stdout.isatty() and self.console.is_terminal)) if plain is None else plain
+        self.plain = (
+            (not (sys.stdout.isatty() and self.console.is_terminal)) if plain is None else plain
+        )
         self.order = {row: k for k, row in enumerate(rows, start=1)}
-        self.lines: dict[str, list[str]] = {row: [f"{k}/{len(rows)} {row}", "pending", "", "", "", ""]
-                                            for row, k in self.order.items()}
+        self.lines: dict[str, list[str]] = {
+            row: [f"{k}/{len(rows)} {row}", "pending", "", "", "", ""]
+            for row, k in self.order.items()
+        }
         self._logged: dict[str, int] = {}
-        self.live = None if self.plain else Live(self._table(), console=self.console, refresh_per_second=4,
-                                                 transient=False)
+        self.live = (
+            None
+            if self.plain
+            else Live(self._table(), console=self.console, refresh_per_second=4, transient=False)
+        )
 
     def _table(self) -> Table:
         table = Table(title=f"recompute-harness run {self.recipe}")
@@ -102,7 +122,9 @@ class LiveProgress:
             table.add_column(column)
         for name, status, iteration, elapsed, eta, ranks in self.lines.values():
             style = next((s for key, s in _STYLE.items() if status.startswith(key)), None)
-            table.add_row(name, f"[{style}]{status}[/]" if style else status, iteration, elapsed, eta, ranks)
+            table.add_row(
+                name, f"[{style}]{status}[/]" if style else status, iteration, elapsed, eta, ranks
+            )
         return table
 
     def _show(self, row: str, force: bool = False) -> None:
@@ -113,7 +135,7 @@ class LiveProgress:
         if not force and self._logged.get(row) == hash((status, iteration)):
             return  # plain log: only changes, not every poll
         self._logged[row] = hash((status, iteration))
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         parts = [f"{stamp} {self.recipe} row {name}: {status}"]
         if iteration:
             parts.append(f"iteration {iteration}")
@@ -123,7 +145,7 @@ class LiveProgress:
             parts.append("ranks " + "; ".join(ranks.splitlines()))
         self.console.print(", ".join(parts), markup=False, highlight=False, soft_wrap=True)
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> Self:
         if self.live is not None:
             self.live.__enter__()
         return self
@@ -147,7 +169,11 @@ class LiveProgress:
 
     def row_finished(self, row: str, outcome: Classification, elapsed_s: float) -> None:
         line = self.lines[row]
-        where = f" @ it{outcome.iteration} {outcome.phase}" if outcome.status != "completed" and outcome.phase else ""
+        where = (
+            f" @ it{outcome.iteration} {outcome.phase}"
+            if outcome.status != "completed" and outcome.phase
+            else ""
+        )
         line[1] = f"{outcome.status}{where}"
         line[3] = _seconds(elapsed_s)
         line[4] = ""

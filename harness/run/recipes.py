@@ -26,14 +26,19 @@ from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.errors import UsageError
-from harness.record.model import ParallelLayout
 from harness.processes import run_bounded
+from harness.record.model import ParallelLayout
 
 BACKENDS = ("bridge", "mcore")
 DEVICES = ("cuda", "cpu")
 PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
-BRIDGE_RECIPES = ("moonlight_16b", "nemotron_3_nano")  # builders in harness.run.backend_bridge.RECIPES
-ENTRY_POINT_GROUP = "recompute_harness.recipes"  # more Bridge builders, from other installed packages
+BRIDGE_RECIPES = (
+    "moonlight_16b",
+    "nemotron_3_nano",
+)  # builders in harness.run.backend_bridge.RECIPES
+ENTRY_POINT_GROUP = (
+    "recompute_harness.recipes"  # more Bridge builders, from other installed packages
+)
 MCORE_PRECISIONS = ("fp32", "bf16", "fp16")  # parameter dtypes of the mcore back end's loop
 
 # What a back end imports on every rank whatever the recipe says: Bridge's ``pretrain`` module imports
@@ -70,8 +75,15 @@ class Parallelism:
 
     def record_layout(self, world: int) -> ParallelLayout:
         """The record's ``workload.parallelism`` (dp and expert_dp derived from the world size)."""
-        return ParallelLayout(tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep, dp=self.data_parallel(world),
-                              expert_dp=self.expert_data_parallel(world), vpp=self.vpp)
+        return ParallelLayout(
+            tp=self.tp,
+            pp=self.pp,
+            cp=self.cp,
+            ep=self.ep,
+            dp=self.data_parallel(world),
+            expert_dp=self.expert_data_parallel(world),
+            vpp=self.vpp,
+        )
 
 
 @dataclass(frozen=True)
@@ -107,28 +119,40 @@ class Recipe:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Recipe":
+    def from_dict(cls, data: dict[str, Any]) -> Recipe:
         values = dict(data)
         values["steady_window"] = tuple(values["steady_window"])
         values["rows"] = tuple(values["rows"])
         values["requires"] = tuple(values["requires"])
         values["parallelism"] = Parallelism(**values["parallelism"])
-        values["timeout_s"], values["stall_timeout_s"] = float(values["timeout_s"]), float(values["stall_timeout_s"])
+        values["timeout_s"], values["stall_timeout_s"] = (
+            float(values["timeout_s"]),
+            float(values["stall_timeout_s"]),
+        )
         return cls(**values)
 
 
 # A recipe file's keys are Recipe's fields, except: ``name`` is the file's, ``parallelism`` may be
 # omitted (all 1), the back end's own table (``[bridge]`` / ``[mcore]``) becomes ``backend_options``,
 # and ``base`` names the recipe it starts from.
-_FIELDS = {f.name: f for f in dataclasses.fields(Recipe) if f.name not in ("name", "backend_options")}
-_REQUIRED = tuple(name for name, f in _FIELDS.items() if name != "parallelism"
-                  and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+_FIELDS = {
+    f.name: f for f in dataclasses.fields(Recipe) if f.name not in ("name", "backend_options")
+}
+_REQUIRED = tuple(
+    name
+    for name, f in _FIELDS.items()
+    if name != "parallelism"
+    and f.default is dataclasses.MISSING
+    and f.default_factory is dataclasses.MISSING
+)
 _OPTIONAL = (*(name for name in _FIELDS if name not in _REQUIRED), "base", *BACKENDS)
 
 
 def recipe_names() -> list[str]:
     folder = resources.files("harness").joinpath("data", "recipes")
-    return sorted(entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml"))
+    return sorted(
+        entry.name[: -len(".toml")] for entry in folder.iterdir() if entry.name.endswith(".toml")
+    )
 
 
 def bridge_builders() -> dict[str, metadata.EntryPoint]:
@@ -162,13 +186,21 @@ def _raw(name: str, chain: tuple[str, ...] = (), relative_to: Path | None = None
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise UsageError(f"recipe file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+            raise UsageError(
+                f"recipe file {path}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
         folder: Path | None = path.parent
     else:
         names = recipe_names()
         if name not in names:
-            raise UsageError(f"unknown recipe {name!r} (known: {', '.join(names)}; or a path to a .toml file)")
-        text = resources.files("harness").joinpath("data", "recipes", f"{name}.toml").read_text(encoding="utf-8")
+            raise UsageError(
+                f"unknown recipe {name!r} (known: {', '.join(names)}; or a path to a .toml file)"
+            )
+        text = (
+            resources.files("harness")
+            .joinpath("data", "recipes", f"{name}.toml")
+            .read_text(encoding="utf-8")
+        )
         folder = None
     try:
         data = tomllib.loads(text)
@@ -200,28 +232,42 @@ def load_recipe(name: str) -> Recipe:
     if unknown:
         raise UsageError(f"recipe {name!r}: unknown key(s) {', '.join(unknown)}")
     if data["backend"] not in BACKENDS:
-        raise UsageError(f"recipe {name!r}: backend {data['backend']!r} is not one of {', '.join(BACKENDS)}")
+        raise UsageError(
+            f"recipe {name!r}: backend {data['backend']!r} is not one of {', '.join(BACKENDS)}"
+        )
     if data["device"] not in DEVICES:
-        raise UsageError(f"recipe {name!r}: device {data['device']!r} is not one of {', '.join(DEVICES)}")
+        raise UsageError(
+            f"recipe {name!r}: device {data['device']!r} is not one of {', '.join(DEVICES)}"
+        )
     layout = dict(data.get("parallelism", {}))
     unknown_layout = sorted(set(layout) - set(PARALLEL_KEYS))
     if unknown_layout:
         raise UsageError(f"recipe {name!r}: unknown parallelism key(s) {', '.join(unknown_layout)}")
     window = data["steady_window"]
-    if not (isinstance(window, list) and len(window) == 2 and all(isinstance(i, int) for i in window)):
+    if not (
+        isinstance(window, list) and len(window) == 2 and all(isinstance(i, int) for i in window)
+    ):
         raise UsageError(f"recipe {name!r}: steady_window must be [first, last] iterations")
     backend = data["backend"]
     if backend == "bridge" and data.get("bridge", {}).get("recipe") not in bridge_recipe_names():
-        raise UsageError(f"recipe {name!r}: [bridge] recipe must be one of {', '.join(bridge_recipe_names())} "
-                         f"(more through the entry point group {ENTRY_POINT_GROUP})")
+        raise UsageError(
+            f"recipe {name!r}: [bridge] recipe must be one of {', '.join(bridge_recipe_names())} "
+            f"(more through the entry point group {ENTRY_POINT_GROUP})"
+        )
     if backend == "mcore" and data["precision"] not in MCORE_PRECISIONS:
-        raise UsageError(f"recipe {name!r}: mcore precision must be one of {', '.join(MCORE_PRECISIONS)}")
+        raise UsageError(
+            f"recipe {name!r}: mcore precision must be one of {', '.join(MCORE_PRECISIONS)}"
+        )
     values = {key: value for key, value in data.items() if key in _FIELDS}
     values["parallelism"] = dataclasses.asdict(Parallelism(**layout))
-    recipe = Recipe.from_dict({
-        **{f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING},
-        **values, "name": name, "backend_options": data.get(backend, {}),
-    })
+    recipe = Recipe.from_dict(
+        {
+            **{f.name: f.default for f in _FIELDS.values() if f.default is not dataclasses.MISSING},
+            **values,
+            "name": name,
+            "backend_options": data.get(backend, {}),
+        }
+    )
     check_recipe(recipe)
     return recipe
 
@@ -229,15 +275,29 @@ def load_recipe(name: str) -> Recipe:
 def check_recipe(recipe: Recipe) -> None:
     """Sizes and layout: every product must divide the world, batches must split over data parallel."""
     where = f"recipe {recipe.name!r}"
-    for key in ("nnodes", "nproc_per_node", "seq_length", "micro_batch_size", "global_batch_size", "train_iters"):
+    for key in (
+        "nnodes",
+        "nproc_per_node",
+        "seq_length",
+        "micro_batch_size",
+        "global_batch_size",
+        "train_iters",
+    ):
         value = getattr(recipe, key)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UsageError(f"{where}: {key} must be a positive integer, got {value!r}")
     check_layout(recipe.parallelism, recipe.world_size, where)
     layout = recipe.parallelism
-    if recipe.backend == "mcore" and (layout.tp, layout.pp, layout.cp, layout.vpp) != (1, 1, 1, None):
-        raise UsageError(f"{where}: the mcore back end's loop covers data and expert parallel only "
-                         "(TP, PP, CP must be 1; use the bridge back end)")
+    if recipe.backend == "mcore" and (layout.tp, layout.pp, layout.cp, layout.vpp) != (
+        1,
+        1,
+        1,
+        None,
+    ):
+        raise UsageError(
+            f"{where}: the mcore back end's loop covers data and expert parallel only "
+            "(TP, PP, CP must be 1; use the bridge back end)"
+        )
     dp = recipe.parallelism.data_parallel(recipe.world_size)
     if recipe.global_batch_size % (recipe.micro_batch_size * dp):
         raise UsageError(
@@ -246,11 +306,15 @@ def check_recipe(recipe: Recipe) -> None:
         )
     if recipe.stall_timeout_s >= recipe.timeout_s:
         # Collectives wait as long as the row may run (both back ends); a stall must be called first.
-        raise UsageError(f"{where}: stall_timeout_s {recipe.stall_timeout_s:g} must be shorter than timeout_s "
-                         f"{recipe.timeout_s:g}")
+        raise UsageError(
+            f"{where}: stall_timeout_s {recipe.stall_timeout_s:g} must be shorter than timeout_s "
+            f"{recipe.timeout_s:g}"
+        )
     first, last = recipe.steady_window
     if not 1 <= first <= last <= recipe.train_iters:
-        raise UsageError(f"{where}: steady_window [{first}, {last}] is not inside 1..{recipe.train_iters}")
+        raise UsageError(
+            f"{where}: steady_window [{first}, {last}] is not inside 1..{recipe.train_iters}"
+        )
     if not recipe.rows or recipe.rows[0] != CONTROL_ROW:
         raise UsageError(f"{where}: rows must start with the matched [] control")
     for row in recipe.rows:
@@ -261,8 +325,12 @@ def check_layout(layout: Parallelism, world: int, where: str) -> None:
     """The same divisibility MCore's ``initialize_model_parallel`` asserts, said on one line."""
     for key in PARALLEL_KEYS:
         value = getattr(layout, key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise UsageError(f"{where}: parallelism {key} must be a positive integer, got {value!r}")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise UsageError(
+                f"{where}: parallelism {key} must be a positive integer, got {value!r}"
+            )
     dense = layout.tp * layout.pp * layout.cp
     if world % dense:
         raise UsageError(
@@ -275,7 +343,9 @@ def check_layout(layout: Parallelism, world: int, where: str) -> None:
             f"does not divide {world} ranks"
         )
     if layout.vpp is not None and layout.pp == 1:
-        raise UsageError(f"{where}: virtual pipeline (vpp={layout.vpp}) needs pipeline parallel > 1")
+        raise UsageError(
+            f"{where}: virtual pipeline (vpp={layout.vpp}) needs pipeline parallel > 1"
+        )
 
 
 def required_modules(recipe: Recipe) -> tuple[str, ...]:
@@ -289,13 +359,20 @@ def check_packages(recipe: Recipe) -> None:
     modules = required_modules(recipe)
     missing = [module for module in modules if not importable(module)]
     if missing:
-        hints = "; ".join(_INSTALL_HINT.get(module, f"install the package that provides {module}") for module in missing)
+        hints = "; ".join(
+            _INSTALL_HINT.get(module, f"install the package that provides {module}")
+            for module in missing
+        )
         which = "which is" if len(missing) == 1 else "which are"
-        raise UsageError(f"recipe {recipe.name!r} needs {', '.join(missing)}, {which} not installed ({hints})")
+        raise UsageError(
+            f"recipe {recipe.name!r} needs {', '.join(missing)}, {which} not installed ({hints})"
+        )
     failure = import_failure(modules) if recipe.device == "cuda" else None
     if failure is not None:
         module, reason = failure
-        raise UsageError(f"recipe {recipe.name!r} needs {module}, which is installed but does not import: {reason}")
+        raise UsageError(
+            f"recipe {recipe.name!r} needs {module}, which is installed but does not import: {reason}"
+        )
 
 
 def importable(module: str) -> bool:
@@ -328,16 +405,27 @@ def import_failure(modules: Sequence[str], timeout_s: float = 300.0) -> tuple[st
     child = run_bounded([sys.executable, "-c", _IMPORT_PROGRAM, *modules], timeout_s=timeout_s)
     if child is None:
         return ", ".join(modules), f"importing did not finish in {timeout_s:.0f} s"
-    failed = next((line for line in child.stdout.splitlines() if line.startswith(_IMPORT_FAILED)), None)
+    failed = next(
+        (line for line in child.stdout.splitlines() if line.startswith(_IMPORT_FAILED)), None
+    )
     if failed is None:
-        return None if child.returncode == 0 else (", ".join(modules), f"the import crashed (exit {child.returncode})")
+        return (
+            None
+            if child.returncode == 0
+            else (", ".join(modules), f"the import crashed (exit {child.returncode})")
+        )
     _, module, reason = failed.split("\t", 2)
     return module, reason
 
 
-def with_world(recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None) -> Recipe:
+def with_world(
+    recipe: Recipe, *, nnodes: int | None = None, nproc_per_node: int | None = None
+) -> Recipe:
     """The recipe on another world shape (``--nnodes``/``--nproc-per-node``), re-checked."""
-    changed = dataclasses.replace(recipe, nnodes=recipe.nnodes if nnodes is None else nnodes,
-                                  nproc_per_node=recipe.nproc_per_node if nproc_per_node is None else nproc_per_node)
+    changed = dataclasses.replace(
+        recipe,
+        nnodes=recipe.nnodes if nnodes is None else nnodes,
+        nproc_per_node=recipe.nproc_per_node if nproc_per_node is None else nproc_per_node,
+    )
     check_recipe(changed)
     return changed

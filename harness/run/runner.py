@@ -20,10 +20,11 @@ import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
 from harness.errors import UsageError
 from harness.files import ensure_dir, write_json_atomic
 from harness.processes import exit_cause, exit_if_stopped
@@ -32,10 +33,9 @@ from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
-from harness.run.torchrun import LaunchResult, local_commands, run_row, slurm_command
 from harness.run.preflight import check_bridge_rows
-from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
 from harness.run.recipes import Recipe, check_packages
+from harness.run.torchrun import LaunchResult, local_commands, run_row, slurm_command
 
 
 class Progress(Protocol):
@@ -60,7 +60,9 @@ def row_slug(row: str) -> str:
 
 def sweep_rows(recipe: Recipe, rows: list[str] | None) -> list[str]:
     """The rows to run, control first; ``--rows`` may name rows outside the recipe's list."""
-    chosen = list(recipe.rows) if rows is None else [CONTROL_ROW] + [r for r in rows if r != CONTROL_ROW]
+    chosen = (
+        list(recipe.rows) if rows is None else [CONTROL_ROW] + [r for r in rows if r != CONTROL_ROW]
+    )
     if len(set(chosen)) != len(chosen):
         raise UsageError(f"duplicated row in {chosen}")
     for row in chosen:
@@ -82,8 +84,18 @@ class Launcher:
         if self.kind == "local":
             return local_commands(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id)
         host, _, port = (self.rdzv_endpoint or "").rpartition(":")
-        return [slurm_command(row_dir, recipe.nnodes, recipe.nproc_per_node, rdzv_id, host, int(port), self.python,
-                              self.srun_args)]
+        return [
+            slurm_command(
+                row_dir,
+                recipe.nnodes,
+                recipe.nproc_per_node,
+                rdzv_id,
+                host,
+                int(port),
+                self.python,
+                self.srun_args,
+            )
+        ]
 
 
 def check_labels(rows: list[str]) -> None:
@@ -95,8 +107,12 @@ def check_labels(rows: list[str]) -> None:
         require_known(RecomputeFields.parse(row).modules or (), known, f"row {row!r}")
 
 
-def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher = Launcher(),
-                     rows: list[str] | None = None) -> None:
+def check_launchable(
+    recipe: Recipe,
+    faults: Sequence[Fault],
+    launcher: Launcher = Launcher(),
+    rows: list[str] | None = None,
+) -> None:
     """Packages, labels, devices, fault ranks and (bridge) Bridge's own config validation — the checks
     that need this machine, before any launch."""
     for fault in faults:  # user input, refused before any package or device check
@@ -106,26 +122,40 @@ def check_launchable(recipe: Recipe, faults: Sequence[Fault], launcher: Launcher
     if launcher.kind == "slurm":
         host, _, port = (launcher.rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit():
-            raise UsageError("the slurm launcher needs --rdzv-endpoint HOST:PORT (the job's first node)")
+            raise UsageError(
+                "the slurm launcher needs --rdzv-endpoint HOST:PORT (the job's first node)"
+            )
     if recipe.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError(f"recipe {recipe.name!r} needs CUDA GPUs; this machine has none (CPU recipes: cpu-*)")
+            raise UsageError(
+                f"recipe {recipe.name!r} needs CUDA GPUs; this machine has none (CPU recipes: cpu-*)"
+            )
         if recipe.nnodes > 1 and launcher.kind == "local":
-            raise UsageError(f"recipe {recipe.name!r} spans {recipe.nnodes} nodes: write its job with "
-                             f"`recompute-harness launch --slurm --recipe {recipe.name}`")
+            raise UsageError(
+                f"recipe {recipe.name!r} spans {recipe.nnodes} nodes: write its job with "
+                f"`recompute-harness launch --slurm --recipe {recipe.name}`"
+            )
         found = torch.cuda.device_count()
         if found < recipe.nproc_per_node:
-            raise UsageError(f"recipe {recipe.name!r} needs {recipe.nproc_per_node} GPUs per node; {found} visible")
+            raise UsageError(
+                f"recipe {recipe.name!r} needs {recipe.nproc_per_node} GPUs per node; {found} visible"
+            )
     chosen = sweep_rows(recipe, rows)
     for fault in faults:
         if fault.row is not None and fault.row not in chosen:
-            raise UsageError(f"fault {fault.spec()!r}: row {fault.row!r} is not in this sweep ({', '.join(chosen)})")
+            raise UsageError(
+                f"fault {fault.spec()!r}: row {fault.row!r} is not in this sweep ({', '.join(chosen)})"
+            )
         if fault.rank >= recipe.world_size:
-            raise UsageError(f"fault {fault.spec()!r}: rank {fault.rank} is outside the {recipe.world_size}-rank world")
+            raise UsageError(
+                f"fault {fault.spec()!r}: rank {fault.rank} is outside the {recipe.world_size}-rank world"
+            )
         if fault.iteration > recipe.train_iters:
-            raise UsageError(f"fault {fault.spec()!r}: the recipe runs {recipe.train_iters} iterations")
+            raise UsageError(
+                f"fault {fault.spec()!r}: the recipe runs {recipe.train_iters} iterations"
+            )
     if recipe.backend == "bridge":
         check_bridge_rows(recipe, sweep_rows(recipe, rows))
 
@@ -136,7 +166,7 @@ def record_file(row: str) -> str:
 
 
 def sweep_dir(out: Path, recipe: Recipe) -> Path:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return ensure_dir(Path(out) / f"{recipe.name}-{stamp}-{uuid.uuid4().hex[:6]}")
 
 
@@ -162,52 +192,99 @@ def run_sweep(
     directory = sweep_dir(out, recipe)
     try:
         write_sweep_plan(directory, recipe.name, {row: record_file(row) for row in chosen})
-    except UsageError:  # nothing of this sweep reached the disk (a full one): leave no empty sweep behind
+    except (
+        UsageError
+    ):  # nothing of this sweep reached the disk (a full one): leave no empty sweep behind
         directory.rmdir()
         raise
     results: list[RowResult] = []
     control: Classification | None = None
     for row in chosen:
         exit_if_stopped()
-        result = run_one_row(recipe, row, directory, fault=next((f for f in faults if f.applies_to(row)), None),
-                             timeout_s=timeout_s, stall_timeout_s=stall_timeout_s, control=control, progress=progress,
-                             launcher=launcher)
+        result = run_one_row(
+            recipe,
+            row,
+            directory,
+            fault=next((f for f in faults if f.applies_to(row)), None),
+            timeout_s=timeout_s,
+            stall_timeout_s=stall_timeout_s,
+            control=control,
+            progress=progress,
+            launcher=launcher,
+        )
         if row == CONTROL_ROW:
             control = result.outcome
         results.append(result)
     return directory, results
 
 
-def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | None, timeout_s: float,
-                stall_timeout_s: float, control: Classification | None, progress: Progress | None,
-                launcher: Launcher = Launcher()) -> RowResult:
+def run_one_row(
+    recipe: Recipe,
+    row: str,
+    directory: Path,
+    *,
+    fault: Fault | None,
+    timeout_s: float,
+    stall_timeout_s: float,
+    control: Classification | None,
+    progress: Progress | None,
+    launcher: Launcher = Launcher(),
+) -> RowResult:
     slug = row_slug(row)
     row_dir = directory / "rows" / slug
     ensure_dir(row_dir)
-    spec = {"recipe": {**recipe.as_dict(), "timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s}, "row": row}
+    spec = {
+        "recipe": {**recipe.as_dict(), "timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s},
+        "row": row,
+    }
     write_json_atomic(row_dir / SPEC_FILE, spec)
     if progress is not None:
         progress.row_started(row)
     commands = launcher.commands(recipe, row_dir, f"{recipe.name}-{slug}-{uuid.uuid4().hex[:8]}")
-    provenance = {"source": "recompute-harness run: one torchrun job per row, per-rank evidence",
-                  "command": shlex.join(sys.argv), "notes": f"evidence: {row_dir}"}
+    provenance = {
+        "source": "recompute-harness run: one torchrun job per row, per-rank evidence",
+        "command": shlex.join(sys.argv),
+        "notes": f"evidence: {row_dir}",
+    }
     record_path = directory / record_file(row)
     try:
         launch = run_row(
-            row_dir, commands, world_size=recipe.world_size, timeout_s=timeout_s, stall_timeout_s=stall_timeout_s,
+            row_dir,
+            commands,
+            world_size=recipe.world_size,
+            timeout_s=timeout_s,
+            stall_timeout_s=stall_timeout_s,
             # Always set: a row without a fault must not inherit the caller's own RECOMPUTE_HARNESS_FAULT.
             env={FAULT_ENV: fault.spec() if fault is not None else ""},
-            on_poll=None if progress is None else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
+            on_poll=None
+            if progress is None
+            else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
         )
     except (KeyboardInterrupt, SystemExit) as stop:  # run_row has stopped the row's processes
         _record_interrupted(recipe, row, row_dir, record_path, directory, stop, provenance)
         raise
     ranks = read_row(row_dir, recipe.world_size)
-    outcome = classify(ranks, launch, train_iters=recipe.train_iters, row_dir=row_dir,
-                       stall_timeout_s=stall_timeout_s, timeout_s=timeout_s)
-    if fault is not None and outcome.status == "completed" and not any(rank.fault_fired for rank in ranks):
-        outcome = Classification("crash", None, None, (), f"the injected fault {fault.spec()!r} never fired: the row "
-                          f"ran to the end untested ({outcome.message})")
+    outcome = classify(
+        ranks,
+        launch,
+        train_iters=recipe.train_iters,
+        row_dir=row_dir,
+        stall_timeout_s=stall_timeout_s,
+        timeout_s=timeout_s,
+    )
+    if (
+        fault is not None
+        and outcome.status == "completed"
+        and not any(rank.fault_fired for rank in ranks)
+    ):
+        outcome = Classification(
+            "crash",
+            None,
+            None,
+            (),
+            f"the injected fault {fault.spec()!r} never fired: the row "
+            f"ran to the end untested ({outcome.message})",
+        )
     if row != CONTROL_ROW:
         outcome = against_control(outcome, control)
     record = build_record(recipe, row, ranks, outcome, provenance=provenance)
@@ -220,18 +297,35 @@ def run_one_row(recipe: Recipe, row: str, directory: Path, *, fault: Fault | Non
 INTERRUPTED_MARKER = "INTERRUPTED.json"
 
 
-def _record_interrupted(recipe: Recipe, row: str, row_dir: Path, record_path: Path, directory: Path,
-                        stop: BaseException, provenance: dict[str, Any]) -> None:
+def _record_interrupted(
+    recipe: Recipe,
+    row: str,
+    row_dir: Path,
+    record_path: Path,
+    directory: Path,
+    stop: BaseException,
+    provenance: dict[str, Any],
+) -> None:
     """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and
     the sweep a marker: nothing in the directory may look like a sweep that simply had fewer rows."""
     ranks = read_row(row_dir, recipe.world_size)
     unfinished = [rank for rank in ranks if not rank.done] or ranks
     behind = min(unfinished, key=lambda rank: rank.position)
     why = "SIGINT" if isinstance(stop, KeyboardInterrupt) else exit_cause(stop.code)
-    outcome = Classification("interrupted", behind.iteration if behind.phase else None, behind.phase,
-                             tuple(rank.rank for rank in unfinished),
-                             f"runner stopped by {why} while the row ran; its process tree was stopped")
+    outcome = Classification(
+        "interrupted",
+        behind.iteration if behind.phase else None,
+        behind.phase,
+        tuple(rank.rank for rank in unfinished),
+        f"runner stopped by {why} while the row ran; its process tree was stopped",
+    )
     write_record(record_path, build_record(recipe, row, ranks, outcome, provenance=provenance))
-    write_json_atomic(directory / INTERRUPTED_MARKER,
-                      {"row": row, "record": str(record_path), "reason": why,
-                       "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    write_json_atomic(
+        directory / INTERRUPTED_MARKER,
+        {
+            "row": row,
+            "record": str(record_path),
+            "reason": why,
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        },
+    )

@@ -33,21 +33,31 @@ class SlurmOptions:
     account: str | None = None
     time: str = "02:00:00"
     port: int = 29500
-    setup: str | None = None  # a shell line run first on the batch node, e.g. "source /path/venv/bin/activate"
+    setup: str | None = (
+        None  # a shell line run first on the batch node, e.g. "source /path/venv/bin/activate"
+    )
     container_image: str | None = None  # pyxis --container-image for every srun step
-    container_mounts: tuple[str, ...] = ()  # extra SRC:DST[:FLAGS] beyond the work and sweep directories
+    container_mounts: tuple[
+        str, ...
+    ] = ()  # extra SRC:DST[:FLAGS] beyond the work and sweep directories
     golden_dir: Path | None = None  # compare the records with their golden after the run
 
-    def validate(self) -> "SlurmOptions":
+    def validate(self) -> SlurmOptions:
         """Refuse (one line) any value that could change the script beyond the directive it names."""
         for option, value in (("--partition", self.partition), ("--account", self.account)):
             if value is not None and not _NAME.fullmatch(value):
-                raise UsageError(f"{option} {value!r}: not a slurm name (letters, digits, '.', '_', '-', ',')")
+                raise UsageError(
+                    f"{option} {value!r}: not a slurm name (letters, digits, '.', '_', '-', ',')"
+                )
         if not _TIME.fullmatch(self.time):
-            raise UsageError(f"--time {self.time!r}: expected a slurm time limit such as 02:00:00 or 1-12:00:00")
+            raise UsageError(
+                f"--time {self.time!r}: expected a slurm time limit such as 02:00:00 or 1-12:00:00"
+            )
         if not 1 <= self.port <= 65535:
             raise UsageError(f"--port must be in 1..65535, got {self.port}")
-        if self.setup is not None and ("\n" in self.setup or "\r" in self.setup or "\0" in self.setup):
+        if self.setup is not None and (
+            "\n" in self.setup or "\r" in self.setup or "\0" in self.setup
+        ):
             raise UsageError("--setup must be one shell line (no newline)")
         return self
 
@@ -63,18 +73,33 @@ def container_srun_args(options: SlurmOptions, workdir: Path, out: Path) -> list
     if not options.container_image:
         return []
     mounts = [f"{workdir}:{workdir}", f"{out}:{out}", *options.container_mounts]
-    return [f"--container-image={options.container_image}", f"--container-mounts={','.join(mounts)}",
-            f"--container-workdir={workdir}", "--no-container-mount-home"]
+    return [
+        f"--container-image={options.container_image}",
+        f"--container-mounts={','.join(mounts)}",
+        f"--container-workdir={workdir}",
+        "--no-container-mount-home",
+    ]
 
 
-def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOptions, workdir: Path,
-                  recipe_source: str | None = None) -> str:
+def sbatch_script(
+    recipe: Recipe,
+    out: Path,
+    rows: list[str],
+    options: SlurmOptions,
+    workdir: Path,
+    recipe_source: str | None = None,
+) -> str:
     """``recipe_source``: what ``--recipe`` was given (a recipe file's path), when not the packaged name."""
     options.validate()
-    for what, value in (("--out", str(out)), ("working directory", str(workdir)), *(("row", row) for row in rows),
-                        ("--container-image", options.container_image or ""),
-                        *(("--container-mounts", mount) for mount in options.container_mounts),
-                        ("--recipe", recipe_source or ""), ("--golden-dir", str(options.golden_dir or ""))):
+    for what, value in (
+        ("--out", str(out)),
+        ("working directory", str(workdir)),
+        *(("row", row) for row in rows),
+        ("--container-image", options.container_image or ""),
+        *(("--container-mounts", mount) for mount in options.container_mounts),
+        ("--recipe", recipe_source or ""),
+        ("--golden-dir", str(options.golden_dir or "")),
+    ):
         _refuse_unprintable(what, value)
     # #SBATCH lines are not shell, but slurm splits them on blanks: a directory with a blank is refused.
     if any(ch.isspace() for ch in str(out)):
@@ -92,21 +117,34 @@ def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOpti
         directives.append(f"--partition={options.partition}")
     if options.account:
         directives.append(f"--account={options.account}")
-    run = ["recompute-harness", "run", "--recipe", recipe_source or recipe.name, "--launcher", "slurm", "--out", str(out)]
+    run = [
+        "recompute-harness",
+        "run",
+        "--recipe",
+        recipe_source or recipe.name,
+        "--launcher",
+        "slurm",
+        "--out",
+        str(out),
+    ]
     if tuple(rows) != recipe.rows:
         run += ["--rows", *rows]  # the [] control included: a control-only sweep still names a row
     run += [f"--srun-arg={arg}" for arg in container_srun_args(options, workdir, out)]
-    command = " ".join(shlex.quote(part) for part in run) + f' --rdzv-endpoint "$HEAD:{options.port}"'
+    command = (
+        " ".join(shlex.quote(part) for part in run) + f' --rdzv-endpoint "$HEAD:{options.port}"'
+    )
     if options.golden_dir is not None:
         compare = ["recompute-harness", "compare", "--golden-dir", str(options.golden_dir)]
-        command = "\n".join([
-            "status=0",
-            f"{command} || status=$?",
-            "# The sweep just written is the newest of this recipe under the sweep directory.",
-            f'records="$(ls -1td {shlex.quote(str(out))}/{shlex.quote(recipe.name)}-*/records | head -n 1)"',
-            " ".join(shlex.quote(part) for part in compare) + ' "$records" || status=$?',
-            'exit "$status"',
-        ])
+        command = "\n".join(
+            [
+                "status=0",
+                f"{command} || status=$?",
+                "# The sweep just written is the newest of this recipe under the sweep directory.",
+                f'records="$(ls -1td {shlex.quote(str(out))}/{shlex.quote(recipe.name)}-*/records | head -n 1)"',
+                " ".join(shlex.quote(part) for part in compare) + ' "$records" || status=$?',
+                'exit "$status"',
+            ]
+        )
     lines = [
         "#!/bin/bash",
         f"# {recipe.description}",
@@ -115,7 +153,7 @@ def sbatch_script(recipe: Recipe, out: Path, rows: list[str], options: SlurmOpti
         "set -euo pipefail",
         f"cd {shlex.quote(str(workdir))}",
         *([options.setup] if options.setup else []),
-        '# The c10d rendezvous store lives on the first node of the allocation.',
+        "# The c10d rendezvous store lives on the first node of the allocation.",
         'HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
         command,
         "",

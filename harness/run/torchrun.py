@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl, processes_with_env
+from harness.processes import (
+    die_with_parent,
+    exit_if_stopped,
+    kill_group,
+    libc_prctl,
+    processes_with_env,
+)
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -39,7 +45,9 @@ class LaunchResult:
     token: str  # the job token every process of the row carries (see processes_with_token)
     stopped: str | None = None  # "timeout" | "stall" | "died" | None
     killed_leftovers: list[int] = field(default_factory=list)
-    died: list[int] = field(default_factory=list)  # ranks whose process ended without finishing or an error
+    died: list[int] = field(
+        default_factory=list
+    )  # ranks whose process ended without finishing or an error
 
     @property
     def succeeded(self) -> bool:
@@ -54,40 +62,81 @@ def free_port() -> int:
 
 def _torchrun_args(nnodes: int, nproc_per_node: int, endpoint: str, rdzv_id: str) -> list[str]:
     return [
-        "-m", "torch.distributed.run",
-        "--nnodes", str(nnodes),
-        "--nproc-per-node", str(nproc_per_node),
-        "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", endpoint,
-        "--rdzv-id", rdzv_id,
-        "--max-restarts", "0",
-        "--redirects", "3",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc_per_node),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--max-restarts",
+        "0",
+        "--redirects",
+        "3",
     ]
 
 
-def local_commands(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str,
-                   python: str = sys.executable) -> list[list[str]]:
+def local_commands(
+    row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str, python: str = sys.executable
+) -> list[list[str]]:
     """One torchrun per node, all on this host (c10d rendezvous on 127.0.0.1; node 0 hosts the store)."""
     endpoint = f"127.0.0.1:{free_port()}"
     return [
-        [python, *_torchrun_args(nnodes, nproc_per_node, endpoint, rdzv_id),
-         "--node-rank", str(node), "--rdzv-conf", f"is_host={str(node == 0).lower()}",
-         "--log-dir", str(Path(row_dir) / TORCHRUN_DIR / f"node{node}"),
-         "-m", "harness.run.worker", str(row_dir)]
+        [
+            python,
+            *_torchrun_args(nnodes, nproc_per_node, endpoint, rdzv_id),
+            "--node-rank",
+            str(node),
+            "--rdzv-conf",
+            f"is_host={str(node == 0).lower()}",
+            "--log-dir",
+            str(Path(row_dir) / TORCHRUN_DIR / f"node{node}"),
+            "-m",
+            "harness.run.worker",
+            str(row_dir),
+        ]
         for node in range(nnodes)
     ]
 
 
-def slurm_command(row_dir: Path, nnodes: int, nproc_per_node: int, rdzv_id: str, head: str, port: int,
-                  python: str = "python", srun_args: Sequence[str] = ()) -> list[str]:
+def slurm_command(
+    row_dir: Path,
+    nnodes: int,
+    nproc_per_node: int,
+    rdzv_id: str,
+    head: str,
+    port: int,
+    python: str = "python",
+    srun_args: Sequence[str] = (),
+) -> list[str]:
     """One ``srun`` step, one task per node, each running torchrun; the c10d store lives on ``head``."""
-    torchrun = " ".join([
-        python, *_torchrun_args(nnodes, nproc_per_node, f"{head}:{port}", rdzv_id),
-        "--log-dir", f"{row_dir}/{TORCHRUN_DIR}/node$SLURM_NODEID",
-        "-m", "harness.run.worker", str(row_dir),
-    ])
-    return ["srun", f"--nodes={nnodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--export=ALL",
-            *srun_args, "bash", "-c", f"exec {torchrun}"]
+    torchrun = " ".join(
+        [
+            python,
+            *_torchrun_args(nnodes, nproc_per_node, f"{head}:{port}", rdzv_id),
+            "--log-dir",
+            f"{row_dir}/{TORCHRUN_DIR}/node$SLURM_NODEID",
+            "-m",
+            "harness.run.worker",
+            str(row_dir),
+        ]
+    )
+    return [
+        "srun",
+        f"--nodes={nnodes}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1",
+        "--export=ALL",
+        *srun_args,
+        "bash",
+        "-c",
+        f"exec {torchrun}",
+    ]
 
 
 def processes_with_token(token: str) -> list[int]:
@@ -142,8 +191,16 @@ def run_row(
     try:  # started inside: a launch that fails part-way still stops the nodes already started
         for index, command in enumerate(commands):
             with open(row_dir / f"launcher{index}.log", "w", encoding="utf-8") as log:
-                procs.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                              start_new_session=True, preexec_fn=die_with_parent))
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=child_env,
+                        start_new_session=True,
+                        preexec_fn=die_with_parent,  # noqa: PLW1509
+                    )
+                )
         while any(proc.poll() is None for proc in procs):
             exit_if_stopped()
             time.sleep(POLL_S)
@@ -159,7 +216,9 @@ def run_row(
                 stopped = "died"
             elif elapsed > timeout_s:
                 stopped = "timeout"
-            elif watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s:
+            elif (
+                watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s
+            ):
                 stopped = "stall"
             if stopped:
                 break
@@ -167,9 +226,19 @@ def run_row(
         _stop(procs, token)
         raise
     # A row with a dead rank is lost already: its peers get no grace to wait in a collective for it.
-    killed = _stop(procs, token, 0.0 if stopped == "died" else TERM_GRACE_S) if stopped else _sweep(token)
-    return LaunchResult([proc.returncode for proc in procs], time.monotonic() - started, token, stopped, killed,
-                        died if stopped == "died" else [])
+    killed = (
+        _stop(procs, token, 0.0 if stopped == "died" else TERM_GRACE_S)
+        if stopped
+        else _sweep(token)
+    )
+    return LaunchResult(
+        [proc.returncode for proc in procs],
+        time.monotonic() - started,
+        token,
+        stopped,
+        killed,
+        died if stopped == "died" else [],
+    )
 
 
 def _process_gone(pid: int) -> bool:
@@ -186,8 +255,16 @@ def _died_unreported(row_dir: Path, world_size: int, ranks: list[RankEvidence]) 
     SIGKILL, an early exit). Processes are checked before the evidence is read again, so a rank that
     wrote ``done`` and then exited is never counted."""
     host = socket.gethostname()
-    gone = [rank.rank for rank in ranks if rank.started and not rank.done and not rank.errors
-            and rank.pid is not None and rank.host == host and _process_gone(rank.pid)]
+    gone = [
+        rank.rank
+        for rank in ranks
+        if rank.started
+        and not rank.done
+        and not rank.errors
+        and rank.pid is not None
+        and rank.host == host
+        and _process_gone(rank.pid)
+    ]
     if not gone:
         return []
     fresh = read_row(row_dir, world_size)

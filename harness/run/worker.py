@@ -15,7 +15,11 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from harness.cpu.deferred_compile import compile_disabled, defer_compile_before_megatron_core, run_compiled_helpers_eagerly
+from harness.cpu.deferred_compile import (
+    compile_disabled,
+    defer_compile_before_megatron_core,
+    run_compiled_helpers_eagerly,
+)
 from harness.processes import die_with_parent
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument

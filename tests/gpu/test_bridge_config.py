@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from gates import require
+
+from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.run.preflight import check_bridge_rows
-from harness.config.fields import RecomputeFields
 from harness.run.recipes import Recipe, load_recipe, recipe_names
 
 pytestmark = pytest.mark.gpu
@@ -53,17 +53,31 @@ def test_short_run_sets_what_the_record_claims(name):
     row = recipe.rows[-1]
     cfg, _ = configure(spec, row)
     model = cfg.model
-    for field, value in {"recompute_modules": None, **RecomputeFields.parse(row).as_config_kwargs()}.items():
+    for field, value in {
+        "recompute_modules": None,
+        **RecomputeFields.parse(row).as_config_kwargs(),
+    }.items():
         assert getattr(model, field) == value, field
     layout = recipe.parallelism
-    assert (model.tensor_model_parallel_size, model.pipeline_model_parallel_size, model.context_parallel_size,
-            model.expert_model_parallel_size) == (layout.tp, layout.pp, layout.cp, layout.ep)
+    assert (
+        model.tensor_model_parallel_size,
+        model.pipeline_model_parallel_size,
+        model.context_parallel_size,
+        model.expert_model_parallel_size,
+    ) == (layout.tp, layout.pp, layout.cp, layout.ep)
     assert model.attention_backend == AttnBackend[recipe.attention_backend]
     assert (model.seq_length, cfg.dataset.seq_length) == (recipe.seq_length, recipe.seq_length)
     assert (cfg.train.train_iters, cfg.train.global_batch_size, cfg.train.micro_batch_size) == (
-        recipe.train_iters, recipe.global_batch_size, recipe.micro_batch_size)
+        recipe.train_iters,
+        recipe.global_batch_size,
+        recipe.micro_batch_size,
+    )
     assert cfg.dataset.blend is None and cfg.dataset.blend_per_split is None  # mock data
-    assert (cfg.checkpoint.save, cfg.checkpoint.load, cfg.checkpoint.pretrained_checkpoint) == (None, None, None)
+    assert (cfg.checkpoint.save, cfg.checkpoint.load, cfg.checkpoint.pretrained_checkpoint) == (
+        None,
+        None,
+        None,
+    )
     assert cfg.tokenizer.tokenizer_type == "NullTokenizer"
     if isinstance(model.moe_layer_freq, list):
         assert len(model.moe_layer_freq) == model.num_layers
@@ -79,12 +93,17 @@ def test_steady_window_starts_after_cuda_graph_capture(name):
         pytest.skip(f"Bridge's recipe for {name} captures no CUDA graphs")
     # Bridge captures the graphs when `cuda_graph_warmup_steps` steps are done, i.e. in the next one.
     capture = cfg.model.cuda_graph_warmup_steps + 1
-    assert recipe.steady_window[0] > capture, f"steady window {recipe.steady_window} includes the capture step {capture}"
+    assert recipe.steady_window[0] > capture, (
+        f"steady window {recipe.steady_window} includes the capture step {capture}"
+    )
 
 
 def test_full_recompute_under_scoped_cuda_graphs_is_refused_before_launch():
     recipe = load_recipe("nemotron-3-nano-short-1gpu")
-    with pytest.raises(UsageError, match="row 'full-uniform-1'.*full recompute is only supported with full iteration"):
+    with pytest.raises(
+        UsageError,
+        match="row 'full-uniform-1'.*full recompute is only supported with full iteration",
+    ):
         check_bridge_rows(recipe, ["[]", "full-uniform-1"])
 
 
@@ -98,10 +117,16 @@ def test_rank_metrics_speaks_bridges_callback_api():
 
     manager = CallbackManager()
     for event in RankMetrics.EVENTS:
-        manager.register(event, lambda context: None)  # Bridge raises ValueError on an event it does not know
-    assert {"state", "loss_dict", "skipped_iter"} <= {field.name for field in fields(CallbackContext)}
+        manager.register(
+            event, lambda context: None
+        )  # Bridge raises ValueError on an event it does not know
+    assert {"state", "loss_dict", "skipped_iter"} <= {
+        field.name for field in fields(CallbackContext)
+    }
     assert isinstance(GlobalState.train_state, property)
-    assert {"step", "floating_point_operations_so_far"} <= {field.name for field in fields(TrainState)}
+    assert {"step", "floating_point_operations_so_far"} <= {
+        field.name for field in fields(TrainState)
+    }
 
 
 def test_failure_phases_name_frames_that_exist_in_bridge_and_megatron_core():
@@ -113,12 +138,24 @@ def test_failure_phases_name_frames_that_exist_in_bridge_and_megatron_core():
 
     from harness.run.backend_bridge import PHASE_FRAMES
 
-    sources = [path for package in (megatron.bridge, megatron.core)
-               for path in Path(package.__file__).parent.rglob("*.py")]
+    sources = [
+        path
+        for package in (megatron.bridge, megatron.core)
+        for path in Path(package.__file__).parent.rglob("*.py")
+    ]
     for fragment, function, phase in PHASE_FRAMES:
-        defines = re.compile(rf"^\s*def {re.escape(function)}\(", re.MULTILINE) if function else None
-        found = [path for path in sources if fragment in path.as_posix()
-                 and (defines is None or defines.search(path.read_text(encoding="utf-8", errors="replace")))]
+        defines = (
+            re.compile(rf"^\s*def {re.escape(function)}\(", re.MULTILINE) if function else None
+        )
+        found = [
+            path
+            for path in sources
+            if fragment in path.as_posix()
+            and (
+                defines is None
+                or defines.search(path.read_text(encoding="utf-8", errors="replace"))
+            )
+        ]
         assert found, f"no source file matches ({fragment!r}, {function!r}) for phase {phase!r}"
 
 
@@ -131,9 +168,16 @@ def test_train_calls_pretrain_the_way_bridge_defines_it():
     import megatron.bridge
     from megatron.bridge.training.gpt_step import forward_step  # noqa: F401  (train passes it on)
 
-    source = Path(megatron.bridge.__file__).parent.joinpath("training", "pretrain.py").read_text(encoding="utf-8")
-    (pretrain,) = [node for node in ast.parse(source).body
-                   if isinstance(node, ast.FunctionDef) and node.name == "pretrain"]
+    source = (
+        Path(megatron.bridge.__file__)
+        .parent.joinpath("training", "pretrain.py")
+        .read_text(encoding="utf-8")
+    )
+    (pretrain,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.FunctionDef) and node.name == "pretrain"
+    ]
     parameters = [arg.arg for arg in pretrain.args.args + pretrain.args.kwonlyargs]
     # train() calls pretrain(cfg, forward_step, callbacks=...)
     assert parameters[:2] == ["config", "forward_step_func"] and "callbacks" in parameters
@@ -147,7 +191,9 @@ def test_collectives_wait_longer_than_the_runner_takes_to_call_a_stall():
     for name in BRIDGE_RECIPES:
         recipe = load_recipe(name)
         cfg, _ = configure(_as_worker_sees_it(name), "[]")
-        assert cfg.dist.distributed_timeout_minutes * 60 > recipe.timeout_s > recipe.stall_timeout_s, name
+        assert (
+            cfg.dist.distributed_timeout_minutes * 60 > recipe.timeout_s > recipe.stall_timeout_s
+        ), name
         assert cfg.dist.distributed_timeout_seconds_after_init is None
 
 
@@ -174,21 +220,32 @@ def test_rank_metrics_reports_each_step_at_its_end_and_marks_cuda_graph_capture(
     lines = []
     for iteration in range(1, warmup + 3):
         metrics.on_train_step_start(CallbackContext(state=state, model=[]))
-        metrics.on_train_step_end(CallbackContext(state=state, model=[], loss_dict={"lm loss": torch.tensor(7.5)},
-                                                  skipped_iter=False))
+        metrics.on_train_step_end(
+            CallbackContext(
+                state=state, model=[], loss_dict={"lm loss": torch.tensor(7.5)}, skipped_iter=False
+            )
+        )
         lines.append(len(read_rank(events_path(tmp_path, 0), 0).iterations))
         state.train_state.step += 1
         state.train_state.floating_point_operations_so_far += flops_per_step
     metrics.on_train_end(CallbackContext(state=state, model=[]))
-    assert lines == list(range(1, warmup + 3))  # every step is on disk when it ends, not at the next start
+    assert lines == list(
+        range(1, warmup + 3)
+    )  # every step is on disk when it ends, not at the next start
     evidence = read_rank(events_path(tmp_path, 0), 0)
     assert evidence.flops == {i: flops_per_step for i in range(1, warmup + 3)}
     assert all(row["loss"] == 7.5 and row["step_time_ms"] > 0 for row in evidence.iterations)
     assert evidence.notes["attention_backend"] == cfg.model.attention_backend.name
-    phases = [(event["iteration"], event["phase"]) for event in map(json.loads, events_path(tmp_path, 0).read_text()
-              .splitlines()) if event["event"] == "phase"]
+    phases = [
+        (event["iteration"], event["phase"])
+        for event in map(json.loads, events_path(tmp_path, 0).read_text().splitlines())
+        if event["event"] == "phase"
+    ]
     capture = phases.index((warmup + 1, "cuda-graph-capture"))
-    assert phases[capture - 1] == (warmup, "forward") and phases[capture + 1] == (warmup + 1, "forward")
+    assert phases[capture - 1] == (warmup, "forward") and phases[capture + 1] == (
+        warmup + 1,
+        "forward",
+    )
 
 
 def test_the_error_line_hooks_the_functions_pretrain_cleans_up_after():
@@ -202,17 +259,36 @@ def test_the_error_line_hooks_the_functions_pretrain_cleans_up_after():
 
     from harness.run.backend_bridge import _upstream_entry_points
 
-    source = Path(megatron.bridge.__file__).parent.joinpath("training", "pretrain.py").read_text(encoding="utf-8")
+    source = (
+        Path(megatron.bridge.__file__)
+        .parent.joinpath("training", "pretrain.py")
+        .read_text(encoding="utf-8")
+    )
     tree = ast.parse(source)
-    (function,) = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_pretrain"]
+    (function,) = [
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_pretrain"
+    ]
     # The outermost try: the one whose body runs setup and train and whose handler cleans up.
     guarded = next(node for node in function.body if isinstance(node, ast.Try))
-    called = {node.func.id for stmt in guarded.body for node in ast.walk(stmt)
-              if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
-    cleaned = {node.func.id for handler in guarded.handlers for node in ast.walk(handler)
-               if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+    called = {
+        node.func.id
+        for stmt in guarded.body
+        for node in ast.walk(stmt)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
+    cleaned = {
+        node.func.id
+        for handler in guarded.handlers
+        for node in ast.walk(handler)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+    }
     assert "_cleanup_after_pretrain_failure" in cleaned
-    imported = {alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom) for alias in node.names}
+    imported = {
+        alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
     hooked = {fn.__name__: inspect.unwrap(fn).__module__ for fn in _upstream_entry_points()}
     assert hooked == {"setup": imported["setup"], "train": imported["train"]}
     assert {"setup", "train"} <= called

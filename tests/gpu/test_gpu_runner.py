@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-
 from gates import require
+
 from harness.record.io import load_records
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
@@ -53,23 +53,36 @@ def test_injected_oom_on_gpu_is_classified(tmp_path):
     require(gpus=2)
     from harness.run.faults import parse_fault
 
-    _, (result,) = run_sweep(load_recipe("mcore-moonlight-2gpu"), _out(tmp_path), rows=[],
-                             faults=[parse_fault("oom:iteration=3,phase=optimizer-step,rank=1")])
-    assert (result.outcome.status, result.outcome.iteration, result.outcome.phase) == ("oom", 3, "optimizer-step")
+    _, (result,) = run_sweep(
+        load_recipe("mcore-moonlight-2gpu"),
+        _out(tmp_path),
+        rows=[],
+        faults=[parse_fault("oom:iteration=3,phase=optimizer-step,rank=1")],
+    )
+    assert (result.outcome.status, result.outcome.iteration, result.outcome.phase) == (
+        "oom",
+        3,
+        "optimizer-step",
+    )
 
 
-@pytest.mark.parametrize("recipe_name, needs", [
-    ("moonlight-short-1gpu", {"gpus": 1, "te": True, "bridge": True}),
-    ("moonlight-short-8gpu", {"gpus": 8, "te": True, "bridge": True}),
-    ("nemotron-3-nano-short-1gpu", {"gpus": 1, "te": True, "mamba": True, "bridge": True}),
-    ("nemotron-3-nano-short-8gpu", {"gpus": 8, "te": True, "mamba": True, "bridge": True}),
-])
+@pytest.mark.parametrize(
+    "recipe_name, needs",
+    [
+        ("moonlight-short-1gpu", {"gpus": 1, "te": True, "bridge": True}),
+        ("moonlight-short-8gpu", {"gpus": 8, "te": True, "bridge": True}),
+        ("nemotron-3-nano-short-1gpu", {"gpus": 1, "te": True, "mamba": True, "bridge": True}),
+        ("nemotron-3-nano-short-8gpu", {"gpus": 8, "te": True, "mamba": True, "bridge": True}),
+    ],
+)
 def test_bridge_short_recipes(tmp_path, recipe_name, needs):
     require(**needs)
     recipe = load_recipe(recipe_name)
     _, results = run_sweep(recipe, _out(tmp_path), rows=[recipe.rows[1]])
     _assert_complete_with_per_rank_peaks(results, recipe.world_size)
-    for result in results:  # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches
+    for (
+        result
+    ) in results:  # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches
         extra = result.record.workload.extra
         assert "env.PYTORCH_CUDA_ALLOC_CONF" in extra and "env_applied_after_cuda_init" not in extra
         assert result.record.hardware.device != "unidentified"
@@ -86,14 +99,19 @@ def test_moonlight_seed_study_matches_its_golden(tmp_path):
     # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold
     # only where the installed stack matches a golden's pins (the commit, or version + source fingerprint).
     installed = Revisions.from_json(collect_revisions()).pins()
-    candidates = goldens_of("moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root())
-    matching = [(path, golden) for path, golden in candidates if not pins_differences(golden, installed)]
+    candidates = goldens_of(
+        "moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root()
+    )
+    matching = [
+        (path, golden) for path, golden in candidates if not pins_differences(golden, installed)
+    ]
     if not matching:
         pinned = sorted(str(golden.pins["megatron_core"]) for _, golden in candidates)
-        pytest.skip(f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
-                    f"bridge {installed['megatron_bridge']}; pinned: {pinned}")
-    (golden_path, golden), = matching
+        pytest.skip(
+            f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
+            f"bridge {installed['megatron_bridge']}; pinned: {pinned}"
+        )
+    ((golden_path, golden),) = matching
     _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _out(tmp_path))
     comparison = compare_records(golden, [r.record for r in results], str(golden_path))
     assert comparison.passed, [check.verdict for check in comparison.failures]
-

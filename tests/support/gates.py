@@ -17,8 +17,14 @@ def _import_failure(module: str) -> str | None:
     return None if failure is None else failure[1]
 
 
-def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bool = False,
-            bridge: bool = False) -> str | None:
+def missing(
+    *,
+    gpus: int = 1,
+    sm: str | None = None,
+    te: bool = False,
+    mamba: bool = False,
+    bridge: bool = False,
+) -> str | None:
     """``gpus=0``: no GPU at all (Bridge builds and validates its configs on the host)."""
     import torch
 
@@ -32,9 +38,12 @@ def missing(*, gpus: int = 1, sm: str | None = None, te: bool = False, mamba: bo
         if f"{major}.{minor}" != sm:
             return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
     # Bridge's training (not its config validation) imports nvidia-resiliency-ext: Bridge on GPUs needs it.
-    for wanted, module, name in ((te, "transformer_engine", "Transformer Engine"), (mamba, "mamba_ssm", "mamba-ssm"),
-                                 (bridge, "megatron.bridge", "Megatron Bridge 0.6.2"),
-                                 (bridge and gpus > 0, "nvidia_resiliency_ext.inprocess", "nvidia-resiliency-ext")):
+    for wanted, module, name in (
+        (te, "transformer_engine", "Transformer Engine"),
+        (mamba, "mamba_ssm", "mamba-ssm"),
+        (bridge, "megatron.bridge", "Megatron Bridge 0.6.2"),
+        (bridge and gpus > 0, "nvidia_resiliency_ext.inprocess", "nvidia-resiliency-ext"),
+    ):
         if wanted and (reason := _import_failure(module)) is not None:
             return f"needs {name}: `import {module}` fails ({reason})"
     return None

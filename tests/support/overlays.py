@@ -17,7 +17,11 @@ from pathlib import Path
 # The bump rehearsals of tests/unit/commands/test_bump.py: a release without gdn_norm_out, and a patch
 # release of the pinned minor.
 BUMP_REHEARSALS = ("0.18.2", "0.19.0")
-OVERLAYS = Path(os.environ.get("RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"))
+OVERLAYS = Path(
+    os.environ.get(
+        "RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"
+    )
+)
 PIP_TIMEOUT_S = 300
 
 
@@ -28,11 +32,28 @@ def overlay(version: str) -> Path:
         return target
     staging = OVERLAYS / f".megatron-core-{version}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
-                           "--target", str(staging), f"megatron-core=={version}"],
-                          capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--target",
+            str(staging),
+            f"megatron-core=={version}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=PIP_TIMEOUT_S,
+        check=False,
+    )
     if done.returncode != 0:
-        raise RuntimeError(f"cannot install the megatron-core {version} overlay:\n{done.stderr[-2000:]}")
+        raise RuntimeError(
+            f"cannot install the megatron-core {version} overlay:\n{done.stderr[-2000:]}"
+        )
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)  # a complete overlay or none: an interrupted install is redone
     return target

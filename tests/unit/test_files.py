@@ -43,7 +43,7 @@ def test_write_failures_are_one_line(tmp_path):
 def test_check_output_refuses_what_the_command_did_not_write(tmp_path):
     record = tmp_path / "record.json"
     record.write_text('{"schema": "recompute-harness/run-record"}')
-    own = lambda head: head.startswith(b"\x89PNG")  # noqa: E731
+    own = lambda head: head.startswith(b"\x89PNG")
     with pytest.raises(UsageError, match="refusing to overwrite"):
         check_output(record, False, own, "PNG plot")
     check_output(record, True, own, "PNG plot")  # --force

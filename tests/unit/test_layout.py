@@ -28,8 +28,11 @@ def _imports(modules: dict[str, ast.Module]) -> dict[str, set[str]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module in modules:
                 for alias in node.names:
-                    graph[name].add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
-                                    else node.module)
+                    graph[name].add(
+                        f"{node.module}.{alias.name}"
+                        if f"{node.module}.{alias.name}" in modules
+                        else node.module
+                    )
             elif isinstance(node, ast.Import):
                 graph[name].update(alias.name for alias in node.names if alias.name in modules)
         graph[name].discard(name)
@@ -45,7 +48,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         state[node] = 2
@@ -69,7 +72,9 @@ def test_module_import_graph_is_acyclic():
 def test_package_import_graph_is_acyclic():
     packages: dict[str, set[str]] = defaultdict(set)
     for module, targets in _imports(_modules()).items():
-        packages[_package(module)] |= {_package(t) for t in targets if _package(t) != _package(module)}
+        packages[_package(module)] |= {
+            _package(t) for t in targets if _package(t) != _package(module)
+        }
     assert _cycle(packages) is None
 
 

@@ -7,8 +7,8 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
-from harness.models import STYLE_MODELS, build_model, style_model
 from harness.errors import UsageError
+from harness.models import STYLE_MODELS, build_model, style_model
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,9 @@ def test_sizes_are_overridable(cpu_group):
     assert torch.isfinite(model.loss(model.batch()))
 
 
-@pytest.mark.parametrize("sizes", [{"seq_length": 0}, {"micro_batch_size": -2}, {"seq_length": 2.5}])
+@pytest.mark.parametrize(
+    "sizes", [{"seq_length": 0}, {"micro_batch_size": -2}, {"seq_length": 2.5}]
+)
 def test_nonsense_sizes_are_usage_errors(sizes):
     with pytest.raises(UsageError):
         build_model("dense-tiny", RecomputeFields.selective(), **sizes)

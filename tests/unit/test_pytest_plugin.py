@@ -8,10 +8,9 @@ import sys
 import xml.etree.ElementTree as ET
 
 import pytest
-
 from record_samples import REVISIONS, run_record, write_records
 
-FOREIGN_TEST = '''
+FOREIGN_TEST = """
 import os
 import pytest
 
@@ -19,7 +18,7 @@ import pytest
 @pytest.mark.slow
 def test_records_match_their_golden(recompute_golden):
     recompute_golden.check(os.environ["RECORDS"].split(","))
-'''
+"""
 
 
 def _pytest(project, records, *flags):
@@ -28,9 +27,31 @@ def _pytest(project, records, *flags):
     result = subprocess.run(
         # The foreign project knows nothing of the harness: the plugin comes from the pytest11 entry point
         # of the installed harness (or -p, as in this repo's addopts, for a PYTHONPATH install).
-        [sys.executable, "-m", "pytest", "-q", "-p", "harness.pytest_plugin", "-p", "no:cacheprovider",
-         "-p", "no:xdist", "-p", "no:hypothesispytest", "--rootdir", str(project), f"--junitxml={junit}", *flags],
-        cwd=project, env=env | {"PYTHONPATH": ":".join(sys.path)}, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "harness.pytest_plugin",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:hypothesispytest",
+            "--rootdir",
+            str(project),
+            f"--junitxml={junit}",
+            *flags,
+        ],
+        cwd=project,
+        env=env | {"PYTHONPATH": ":".join(sys.path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     return result, junit
 
 
@@ -38,7 +59,9 @@ def _pytest(project, records, *flags):
 def test_a_foreign_project_regenerates_then_judges_with_the_plugin(tmp_path):
     project = tmp_path / "bridge"
     project.mkdir()
-    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "--strict-markers"\n')
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "--strict-markers"\n'
+    )
     (project / "test_recompute.py").write_text(FOREIGN_TEST)
     golden = tmp_path / "goldens"
     good = write_records(tmp_path / "good", run_record(), run_record("core_attn"))
@@ -65,6 +88,18 @@ def test_records_of_other_pins_fail_naming_the_missing_golden(tmp_path):
     (project / "test_recompute.py").write_text(FOREIGN_TEST)
     bumped = run_record(revisions=REVISIONS | {"torch": "2.15.0"})
     golden = tmp_path / "goldens"
-    _pytest(project, write_records(tmp_path / "old", run_record()), "--recompute-golden-dir", str(golden), "--recompute-regen")
-    judged, _ = _pytest(project, write_records(tmp_path / "new", bumped), "--recompute-golden-dir", str(golden))
-    assert judged.returncode == 1 and "no golden" in judged.stdout and "for these revision pins" in judged.stdout
+    _pytest(
+        project,
+        write_records(tmp_path / "old", run_record()),
+        "--recompute-golden-dir",
+        str(golden),
+        "--recompute-regen",
+    )
+    judged, _ = _pytest(
+        project, write_records(tmp_path / "new", bumped), "--recompute-golden-dir", str(golden)
+    )
+    assert (
+        judged.returncode == 1
+        and "no golden" in judged.stdout
+        and "for these revision pins" in judged.stdout
+    )

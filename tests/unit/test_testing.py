@@ -5,18 +5,22 @@ from __future__ import annotations
 import copy
 
 import pytest
+from record_samples import REVISIONS, refresh, run_record
 
 from harness.record.seed import RECORDS_DIR
 from harness.testing import check_against_golden
-from record_samples import REVISIONS, refresh, run_record
 
 
 def test_check_against_golden_records_junit_properties_and_raises_with_the_table(tmp_path):
     assert refresh(tmp_path, run_record()) == 0
     properties: list[tuple[str, object]] = []
-    check_against_golden([run_record()], tmp_path / "golden", lambda k, v: properties.append((k, v)))
+    check_against_golden(
+        [run_record()], tmp_path / "golden", lambda k, v: properties.append((k, v))
+    )
     recorded = dict(properties)
-    assert str(recorded["golden.[].peak_allocated_bytes"]).startswith("pass: golden=30.000 GB actual=30.000 GB")
+    assert str(recorded["golden.[].peak_allocated_bytes"]).startswith(
+        "pass: golden=30.000 GB actual=30.000 GB"
+    )
     assert str(recorded["golden.[].step_time_ms"]).startswith("pass: golden=400.00 actual=400.00")
     with pytest.raises(AssertionError, match=r"FAIL: regressed"):
         check_against_golden([run_record(step_ms=500.0)], tmp_path / "golden")

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from small_disk import run_on_small_disk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,20 +17,37 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _venv_run(python: str, *command: str) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "RECOMPUTE_HARNESS_PYTHON": python}
-    return subprocess.run([str(ROOT / "venv-run"), *command], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(ROOT / "venv-run"), *command],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.mark.slow
 def test_a_foreign_interpreter_runs_the_checkout_harness_and_installs_nothing(tmp_path):
-    site = Path(subprocess.check_output([sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+    site = Path(
+        subprocess.check_output(
+            [sys.executable, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            text=True,
+        ).strip()
+    )
     before = sorted(p.name for p in site.iterdir())
-    result = _venv_run(sys.executable, "python", "-c",
-                       "import harness, sys; print(harness.__file__); print(sys.executable)")
+    result = _venv_run(
+        sys.executable,
+        "python",
+        "-c",
+        "import harness, sys; print(harness.__file__); print(sys.executable)",
+    )
     assert result.returncode == 0, result.stderr
     harness_file, executable = result.stdout.split()
     assert harness_file == str(ROOT / "harness" / "__init__.py")
-    assert executable == sys.executable  # not resolved to the base interpreter: the venv's own packages
+    assert (
+        executable == sys.executable
+    )  # not resolved to the base interpreter: the venv's own packages
     version = _venv_run(sys.executable, "recompute-harness", "--version")
     assert version.returncode == 0 and version.stdout.startswith("recompute-harness ")
     assert sorted(p.name for p in site.iterdir()) == before
@@ -60,12 +76,18 @@ def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_not
     disk = tmp_path / "disk"
     disk.mkdir()
     files = ("venv-run", "pyproject.toml", ".python-version", "ci/constraints-cpu.txt")
-    copies = "\n".join(f'mkdir -p "$DISK/{Path(f).parent}" && cp -p {ROOT / f} "$DISK/{f}"' for f in files)
-    result = run_on_small_disk(disk, copies + '\n"$DISK/venv-run" true; echo rc=$?; ls -A "$DISK"', size_mib=32,
-                               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    copies = "\n".join(
+        f'mkdir -p "$DISK/{Path(f).parent}" && cp -p {ROOT / f} "$DISK/{f}"' for f in files
+    )
+    result = run_on_small_disk(
+        disk,
+        copies + '\n"$DISK/venv-run" true; echo rc=$?; ls -A "$DISK"',
+        size_mib=32,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     lines = result.stdout.splitlines()
     assert "rc=2" in lines, result
     refusal = [line for line in result.stderr.splitlines() if line.startswith("venv-run:")]
     assert len(refusal) == 1 and "needs about 7 GiB free" in refusal[0], result.stderr
     assert int(re.search(r"which has (\d+) MiB", refusal[0]).group(1)) <= 32
-    assert ".venv" not in lines[lines.index("rc=2") + 1:]  # nothing created on the full disk
+    assert ".venv" not in lines[lines.index("rc=2") + 1 :]  # nothing created on the full disk

@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from record_samples import run_record, write_records
 
 from harness.cli import main
-from record_samples import run_record, write_records
 
 
 def _err(capsys) -> str:
@@ -21,37 +21,66 @@ def _err(capsys) -> str:
 
 def test_analyze_plot_never_overwrites_a_record(tmp_path, capsys):
     paths = write_records(tmp_path, run_record(), run_record("moe_act"))
-    before = open(paths[1], "rb").read()
+    before = open(paths[1], "rb").read()  # noqa: SIM115
     assert main(["analyze", paths[0], "--plot", paths[1]]) == 2
     assert "refusing to overwrite" in _err(capsys)
-    assert open(paths[1], "rb").read() == before
+    assert open(paths[1], "rb").read() == before  # noqa: SIM115
     assert main(["analyze", paths[0], "--plot", str(tmp_path)]) == 2
     assert "is a directory" in _err(capsys)
 
 
-@pytest.mark.parametrize("flags, problem", [
-    (["--partition", "gpu\necho INJECTED"], "not a slurm name"),
-    (["--account", "a;b"], "not a slurm name"),
-    (["--time", "x; rm -rf /"], "slurm time limit"),
-    (["--setup", "source a\necho INJECTED"], "one shell line"),
-])
+@pytest.mark.parametrize(
+    "flags, problem",
+    [
+        (["--partition", "gpu\necho INJECTED"], "not a slurm name"),
+        (["--account", "a;b"], "not a slurm name"),
+        (["--time", "x; rm -rf /"], "slurm time limit"),
+        (["--setup", "source a\necho INJECTED"], "one shell line"),
+    ],
+)
 def test_launch_refuses_values_that_would_change_the_script(tmp_path, capsys, flags, problem):
     script = tmp_path / "job.sbatch"
-    assert main(["launch", "--slurm", "--recipe", "moonlight-full-8gpu", "--script", str(script), *flags]) == 2
+    assert (
+        main(
+            [
+                "launch",
+                "--slurm",
+                "--recipe",
+                "moonlight-full-8gpu",
+                "--script",
+                str(script),
+                *flags,
+            ]
+        )
+        == 2
+    )
     assert problem in _err(capsys)
     assert not script.exists()
 
 
 def test_launch_script_never_overwrites_a_record_but_replaces_its_own(tmp_path, capsys):
     (record,) = write_records(tmp_path, run_record())
-    before = open(record, "rb").read()
+    before = open(record, "rb").read()  # noqa: SIM115
     assert main(["launch", "--slurm", "--recipe", "moonlight-full-8gpu", "--script", record]) == 2
     assert "refusing to overwrite" in _err(capsys)
-    assert open(record, "rb").read() == before
+    assert open(record, "rb").read() == before  # noqa: SIM115
     script = tmp_path / "job.sbatch"
     for _ in range(2):  # the second run replaces the script the first one wrote
-        assert main(["launch", "--slurm", "--recipe", "moonlight-full-8gpu", "--script", str(script),
-                     "--partition", "gpu"]) == 0
+        assert (
+            main(
+                [
+                    "launch",
+                    "--slurm",
+                    "--recipe",
+                    "moonlight-full-8gpu",
+                    "--script",
+                    str(script),
+                    "--partition",
+                    "gpu",
+                ]
+            )
+            == 0
+        )
     assert "#SBATCH --partition=gpu" in script.read_text()
 
 
@@ -68,7 +97,9 @@ def test_empty_golden_dir_and_unreadable_inputs_are_one_line(tmp_path, capsys, m
     assert "not a directory" in _err(capsys)
 
 
-def test_unwritable_step_summary_is_refused_before_the_golden_is_written(tmp_path, capsys, monkeypatch):
+def test_unwritable_step_summary_is_refused_before_the_golden_is_written(
+    tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))  # a directory
     paths = write_records(tmp_path, run_record())
     assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "golden"), *paths]) == 2
@@ -79,13 +110,31 @@ def test_unwritable_step_summary_is_refused_before_the_golden_is_written(tmp_pat
 def test_run_refuses_bad_faults_and_timeouts_before_launching(tmp_path, capsys, monkeypatch):
     out = tmp_path / "runs"
     monkeypatch.setenv("RECOMPUTE_HARNESS_FAULT", "garbage")
-    assert main(["run", "--recipe", "cpu-moonlight-ep2", "--rows", "moe_act", "--out", str(out)]) == 2
+    assert (
+        main(["run", "--recipe", "cpu-moonlight-ep2", "--rows", "moe_act", "--out", str(out)]) == 2
+    )
     assert "kind must be one of" in _err(capsys)
     monkeypatch.delenv("RECOMPUTE_HARNESS_FAULT")
-    assert main(["run", "--recipe", "cpu-moonlight-ep2", "--rows", "moe_act", "--out", str(out),
-                 "--inject-fault", "oom:row=layernorm"]) == 2
+    assert (
+        main(
+            [
+                "run",
+                "--recipe",
+                "cpu-moonlight-ep2",
+                "--rows",
+                "moe_act",
+                "--out",
+                str(out),
+                "--inject-fault",
+                "oom:row=layernorm",
+            ]
+        )
+        == 2
+    )
     assert "not in this sweep" in _err(capsys)
-    assert main(["run", "--recipe", "cpu-moonlight-ep2", "--out", str(out), "--timeout", "inf"]) == 2
+    assert (
+        main(["run", "--recipe", "cpu-moonlight-ep2", "--out", str(out), "--timeout", "inf"]) == 2
+    )
     assert "finite" in _err(capsys)
     assert not out.exists()
 
@@ -94,6 +143,17 @@ def test_run_refuses_bad_faults_and_timeouts_before_launching(tmp_path, capsys, 
 def test_a_closed_stdout_is_not_an_error(tmp_path):
     paths = write_records(tmp_path, run_record(), run_record("moe_act"))
     reader_gone = subprocess.run(
-        ["bash", "-c", 'set -o pipefail; "$0" -m harness.cli analyze "$@" | true', sys.executable, *paths],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}, timeout=120)
+        [
+            "bash",
+            "-c",
+            'set -o pipefail; "$0" -m harness.cli analyze "$@" | true',
+            sys.executable,
+            *paths,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        timeout=120,
+        check=False,
+    )
     assert reader_gone.returncode == 0 and "Traceback" not in reader_gone.stderr, reader_gone.stderr

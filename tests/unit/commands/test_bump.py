@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from overlays import overlay
 
 from harness.config.revisions import source_fingerprint
-from overlays import overlay
 
 pytestmark = pytest.mark.slow
 
@@ -30,8 +30,24 @@ REPO = Path(__file__).resolve().parents[3]
 
 def copy_repo(tmp_path: Path) -> Path:
     """The tracked (and not ignored) files of the repository, as a checkout would have them."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, check=True).stdout.decode().split("\0")
+    listed = (
+        subprocess.run(
+            [
+                "git",
+                "-C",
+                str(REPO),
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            capture_output=True,
+            check=True,
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     copy = tmp_path / "repo"
     for relative in filter(None, listed):
         source = REPO / relative
@@ -42,17 +58,29 @@ def copy_repo(tmp_path: Path) -> Path:
 
 
 def goldens(repo: Path) -> dict[str, bytes]:
-    return {path.relative_to(repo).as_posix(): path.read_bytes()
-            for path in (repo / "tests" / "golden").rglob("*") if path.is_file()}
+    return {
+        path.relative_to(repo).as_posix(): path.read_bytes()
+        for path in (repo / "tests" / "golden").rglob("*")
+        if path.is_file()
+    }
 
 
 def refresh(repo: Path, mcore: Path, *argv: str) -> subprocess.CompletedProcess:
     """The bump workflow in ``repo`` with ``mcore`` shadowing the venv's Megatron Core."""
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{mcore}", "RECOMPUTE_HARNESS_PYTHON": sys.executable}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{repo}{os.pathsep}{mcore}",
+        "RECOMPUTE_HARNESS_PYTHON": sys.executable,
+    }
     env.pop("VIRTUAL_ENV", None)
-    command = [str(repo / "ci" / "golden-refresh.sh"), "--cpu-only"] if not argv else [
-        sys.executable, "-m", "harness.cli", *argv]
-    return subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    command = (
+        [str(repo / "ci" / "golden-refresh.sh"), "--cpu-only"]
+        if not argv
+        else [sys.executable, "-m", "harness.cli", *argv]
+    )
+    return subprocess.run(
+        command, cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_bump_to_0_18_2_names_every_drift_and_changes_nothing_pinned(tmp_path):
@@ -65,14 +93,24 @@ def test_bump_to_0_18_2_names_every_drift_and_changes_nothing_pinned(tmp_path):
     assert first.returncode == 1, out + first.stderr  # drift is left to fix
     assert "megatron-core 0.18.2" in out
     assert "removed: gdn_norm_out" in out  # the label diff names what changed
-    assert out.count("labels.gdn_norm_out-needs-gdn: no string in this Megatron Core's sources") == 1
-    assert ("refused: refusing to write CPU goldens: the CPU adapter does not support megatron-core 0.18.2"
-            in out and "drifted in megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed;" in out)
-    assert "next step:" in out and "harness/cpu/adapter.py" in out and "harness/config/rules.py" in out
+    assert (
+        out.count("labels.gdn_norm_out-needs-gdn: no string in this Megatron Core's sources") == 1
+    )
+    assert (
+        "refused: refusing to write CPU goldens: the CPU adapter does not support megatron-core 0.18.2"
+        in out
+        and "drifted in megatron.core.tensor_parallel.random.model_parallel_cuda_manual_seed;"
+        in out
+    )
+    assert (
+        "next step:" in out and "harness/cpu/adapter.py" in out and "harness/config/rules.py" in out
+    )
 
     after = goldens(repo)
     manifest = f"tests/golden/labels/{source_fingerprint(mcore / 'megatron' / 'core')}.json"
-    assert {name: data for name, data in after.items() if name != manifest} == before  # nothing pinned changed
+    assert {
+        name: data for name, data in after.items() if name != manifest
+    } == before  # nothing pinned changed
     assert manifest in after  # the new revision's label manifest is the one file written
 
     second = refresh(repo, mcore)
@@ -88,7 +126,10 @@ def test_bump_to_0_19_0_finds_no_drift(tmp_path):
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "megatron-core 0.19.0" in out and "labels unchanged" in out
-    assert "0 disagreements (0 causes), 0 rules that can no longer fire, 0 labels no rule names" in out
+    assert (
+        "0 disagreements (0 causes), 0 rules that can no longer fire, 0 labels no rule names" in out
+    )
     assert "CPU adapter: supports this revision" in out
     assert set(goldens(repo)) - set(before) == {
-        f"tests/golden/labels/{source_fingerprint(mcore / 'megatron' / 'core')}.json"}
+        f"tests/golden/labels/{source_fingerprint(mcore / 'megatron' / 'core')}.json"
+    }

@@ -7,15 +7,24 @@ import pytest
 from harness.cli import main
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["probe", "--model", "llama-huge"], "unknown model 'llama-huge'"),
-    (["probe", "--model", "dense-tiny", "--modules", "core_attn+not_a_label"], "unknown recompute label(s) not_a_label"),
-    (["probe", "--model", "dense-tiny", "--seq-length", "0"], "--seq-length must be in"),
-    (["probe", "--model", "dense-tiny", "--micro-batch-size", "many"], "invalid int value"),
-    (["probe", "--all", "--modules", "core_attn", "--check-golden"], "goldens cover the full probe matrix"),
-    (["probe", "--all", "--hang-timeout", "-1"], "--hang-timeout must be in (0, 600] seconds"),
-    (["probe"], "one of the arguments --model --all --list is required"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["probe", "--model", "llama-huge"], "unknown model 'llama-huge'"),
+        (
+            ["probe", "--model", "dense-tiny", "--modules", "core_attn+not_a_label"],
+            "unknown recompute label(s) not_a_label",
+        ),
+        (["probe", "--model", "dense-tiny", "--seq-length", "0"], "--seq-length must be in"),
+        (["probe", "--model", "dense-tiny", "--micro-batch-size", "many"], "invalid int value"),
+        (
+            ["probe", "--all", "--modules", "core_attn", "--check-golden"],
+            "goldens cover the full probe matrix",
+        ),
+        (["probe", "--all", "--hang-timeout", "-1"], "--hang-timeout must be in (0, 600] seconds"),
+        (["probe"], "one of the arguments --model --all --list is required"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -23,7 +32,10 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
 
 
 def test_probe_prints_the_table(capsys):
-    assert main(["probe", "--model", "dense-tiny", "--modules", "core_attn", "moe", "--attribution"]) == 0
+    assert (
+        main(["probe", "--model", "dense-tiny", "--modules", "core_attn", "moe", "--attribution"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| `core_attn` |" in out and "| `moe` |" in out and "inactive" in out
     assert "where the retained activation bytes are" in out
@@ -40,4 +52,6 @@ def test_probe_json(capsys, tmp_path):
     (tmp_path / "probe.json").write_text(out)
     assert main(["analyze", str(tmp_path / "probe.json")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "is `probe --json` output" in err and "probe --check-golden" in err
+    assert (
+        err.count("\n") == 1 and "is `probe --json` output" in err and "probe --check-golden" in err
+    )

@@ -5,14 +5,22 @@ from __future__ import annotations
 import copy
 
 import pytest
+from record_samples import REVISIONS, run_record
 
 from harness.compare.analysis import analyse
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.record.build import (
-    cpu_probe_metrics, hardware, iteration_row, new_record, outcome, parallelism, rank_peaks, run_metrics, workload,
+    cpu_probe_metrics,
+    hardware,
+    iteration_row,
+    new_record,
+    outcome,
+    parallelism,
+    rank_peaks,
+    run_metrics,
+    workload,
 )
-from record_samples import REVISIONS, run_record
 
 
 def _rows(analysis):
@@ -23,7 +31,9 @@ def _with_reserved(record, reserved):
     for rank in record.run_metrics.ranks:
         for peak in rank.peaks:
             peak.reserved_bytes = reserved
-    record.headline.values["peak_reserved_bytes"] = record.headline.values["run_peak_reserved_bytes"] = reserved
+    record.headline.values["peak_reserved_bytes"] = record.headline.values[
+        "run_peak_reserved_bytes"
+    ] = reserved
     return record.validated()
 
 
@@ -31,7 +41,11 @@ def test_reserved_drop_alone_is_allocator_caching_not_a_saving():
     control = _with_reserved(run_record(), 40_000_000_000)
     cached = _with_reserved(run_record("core_attn", step_ms=420.0), 36_000_000_000)
     row = _rows(analyse([control, cached]))["core_attn"]
-    assert row.rank is None and "allocator caching" in row.note and row.reserved_vs_control_pct == pytest.approx(-10.0)
+    assert (
+        row.rank is None
+        and "allocator caching" in row.note
+        and row.reserved_vs_control_pct == pytest.approx(-10.0)
+    )
 
 
 def test_later_failure_than_the_control_is_advanced_but_failed():
@@ -54,9 +68,13 @@ def test_recorded_advanced_but_failed_status_and_nan_iterations_are_never_a_pass
     assert rows["moe_act"].verdict != "pass" and rows["layernorm"].verdict == "failed"
 
 
-@pytest.mark.parametrize(("change", "named"), [
-    ({"model": "other"}, "model"), ({"gpus": 4}, "parallelism.dp"),
-])
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"model": "other"}, "model"),
+        ({"gpus": 4}, "parallelism.dp"),
+    ],
+)
 def test_unmatched_records_are_refused_naming_the_difference(change, named):
     with pytest.raises(UsageError, match=named):
         analyse([run_record(), run_record("moe_act", **change)])
@@ -71,12 +89,24 @@ def test_pins_must_match_for_a_matched_set():
 
 def test_cpu_probe_records_are_not_analysed_as_runs():
     probe = new_record(
-        "cpu-probe", revisions=REVISIONS, hardware=hardware("cpu", 0, host="h"),
-        workload=workload(recipe="cpu", model="tiny", backend="cpu-probe", seq_length=8, micro_batch_size=1,
-                          global_batch_size=1, precision="fp32", attention_backend="local", train_iters=None,
-                          parallelism=parallelism()),
+        "cpu-probe",
+        revisions=REVISIONS,
+        hardware=hardware("cpu", 0, host="h"),
+        workload=workload(
+            recipe="cpu",
+            model="tiny",
+            backend="cpu-probe",
+            seq_length=8,
+            micro_batch_size=1,
+            global_batch_size=1,
+            precision="fp32",
+            attention_backend="local",
+            train_iters=None,
+            parallelism=parallelism(),
+        ),
         recompute=RecomputeFields.selective("core_attn"),
-        metrics=cpu_probe_metrics(retained_bytes=1, backward_flops=2, replay_bytes=3), outcome=outcome("completed"),
+        metrics=cpu_probe_metrics(retained_bytes=1, backward_flops=2, replay_bytes=3),
+        outcome=outcome("completed"),
     )
     with pytest.raises(UsageError, match="CPU-probe"):
         analyse([probe])
@@ -91,5 +121,8 @@ def test_headline_must_agree_with_per_rank_peaks():
 
 def test_ranks_are_taken_over_every_rank():
     rows = [iteration_row(i, step_time_ms=1.0) for i in range(1, 4)]
-    ranks = [rank_peaks(0, {1: (5, 5), 2: (5, 5), 3: (5, 5)}), rank_peaks(7, {1: (9, 9), 2: (9, 9), 3: (9, 9)})]
+    ranks = [
+        rank_peaks(0, {1: (5, 5), 2: (5, 5), 3: (5, 5)}),
+        rank_peaks(7, {1: (9, 9), 2: (9, 9), 3: (9, 9)}),
+    ]
     assert run_metrics(rows, ranks, (2, 3)).headline.peak_rank == 7

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+from record_samples import REVISIONS, refresh, run_json, run_record, write_records
 
 from harness.cli import main
 from harness.compare.comparator import compare_records
@@ -15,14 +16,16 @@ from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
 from harness.record.io import load_records
 from harness.record.model import Record
 from harness.record.seed import PROVENANCE_SOURCE, RECORDS_DIR
-from record_samples import REVISIONS, refresh, run_json, run_record, write_records
 
 
 def test_seed_goldens_are_valid_and_match_their_records():
     # Seed goldens are the ones transcribed from the card (their provenance says so); goldens a refresh
     # wrote from real runs live beside them and are checked by the GPU tier.
-    seeds = [(path, golden) for path in GOLDEN_DIR.glob("*.json")
-             if (golden := load_golden(path)).provenance["source"] == PROVENANCE_SOURCE]
+    seeds = [
+        (path, golden)
+        for path in GOLDEN_DIR.glob("*.json")
+        if (golden := load_golden(path)).provenance["source"] == PROVENANCE_SOURCE
+    ]
     assert seeds, f"no seed golden in {GOLDEN_DIR}"
     for path, loaded in seeds:
         seed = RECORDS_DIR / f"seed-{loaded.recipe}.json"
@@ -35,24 +38,49 @@ def test_refresh_then_compare_passes_then_regression_and_improvement_fail(tmp_pa
     baseline = [run_record(), run_record("moe_act", peak=29_000_000_000)]
     assert compare_records(load_golden(golden), baseline, str(golden)).passed
     # moe_act saved 1 GB (3.3 %) at the golden; now it holds 1 GB more than the control.
-    worse = compare_records(load_golden(golden), [run_record(), run_record("moe_act", peak=31_000_000_000)], str(golden))
+    worse = compare_records(
+        load_golden(golden), [run_record(), run_record("moe_act", peak=31_000_000_000)], str(golden)
+    )
     assert {(c.label, c.metric, c.verdict) for c in worse.failures} == {
         ("moe_act", "saving_allocated_bytes", "FAIL: saving shrank beyond tolerance"),
         ("moe_act", "saving_allocated_pct", "FAIL: saving lost"),
-        ("moe_act", "reserved_change_pct", "FAIL: regressed")}
+        ("moe_act", "reserved_change_pct", "FAIL: regressed"),
+    }
     # Memory that grows only after iteration 2 (a CUDA-graph pool, a leak) leaves the headline alone
     # and fails the run peak (+3.3 % allocated against ±2 %; reserved +3.2 % is inside its ±5 %).
-    grew = compare_records(load_golden(golden), [run_record(growth_after=4), baseline[1]], str(golden))
-    assert {(c.label, c.metric, c.verdict) for c in grew.failures} == {("[]", "run_peak_allocated_bytes", "FAIL: regressed")}
+    grew = compare_records(
+        load_golden(golden), [run_record(growth_after=4), baseline[1]], str(golden)
+    )
+    assert {(c.label, c.metric, c.verdict) for c in grew.failures} == {
+        ("[]", "run_peak_allocated_bytes", "FAIL: regressed")
+    }
     # A faster control alone: its own time moved, and moe_act now costs 33 % more than it.
-    faster = compare_records(load_golden(golden), [run_record(step_ms=300.0), baseline[1]], str(golden))
+    faster = compare_records(
+        load_golden(golden), [run_record(step_ms=300.0), baseline[1]], str(golden)
+    )
     assert {(c.label, c.metric, c.verdict) for c in faster.failures} == {
         ("[]", "step_time_ms", "FAIL: improved beyond tolerance, refresh the golden"),
-        ("moe_act", "step_time_cost_pct", "FAIL: cost grew beyond tolerance")}
+        ("moe_act", "step_time_cost_pct", "FAIL: cost grew beyond tolerance"),
+    }
     capsys.readouterr()
-    assert main(["compare", "--golden", str(golden), *write_records(tmp_path / "w", run_record(), run_record("moe_act", peak=31_000_000_000))]) == 1
+    assert (
+        main(
+            [
+                "compare",
+                "--golden",
+                str(golden),
+                *write_records(
+                    tmp_path / "w", run_record(), run_record("moe_act", peak=31_000_000_000)
+                ),
+            ]
+        )
+        == 1
+    )
     table = capsys.readouterr().out
-    assert "| moe_act | saving_allocated_bytes | 1.000 GB | -1.000 GB | -2000 MB | ±20% (≥ 0.05 GB) | FAIL: saving shrank beyond tolerance |" in table
+    assert (
+        "| moe_act | saving_allocated_bytes | 1.000 GB | -1.000 GB | -2000 MB | ±20% (≥ 0.05 GB) | FAIL: saving shrank beyond tolerance |"
+        in table
+    )
 
 
 def test_changed_outcome_and_missing_row_fail(tmp_path):
@@ -70,7 +98,17 @@ def test_compare_refuses_other_pins_and_names_the_refresh_command(tmp_path, caps
     bumped = copy.deepcopy(REVISIONS)
     bumped["megatron_core"]["fingerprint"] = "0123456789abcdef"
     capsys.readouterr()
-    assert main(["compare", "--golden", str(golden), *write_records(tmp_path / "b", run_record(revisions=bumped))]) == 2
+    assert (
+        main(
+            [
+                "compare",
+                "--golden",
+                str(golden),
+                *write_records(tmp_path / "b", run_record(revisions=bumped)),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef" in err
     assert "recompute-harness golden refresh" in err and err.count("\n") == 1
@@ -81,26 +119,41 @@ def test_compare_refuses_other_pins_and_names_the_refresh_command(tmp_path, caps
 # --- effects against the matched [] control --------------------------------------------------------
 # The golden: moe_act saves 2 % (600 MB) and costs 2 % step time, like the Moonlight card's moe_act.
 def _effect_golden(tmp_path):
-    assert refresh(tmp_path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)) == 0
+    assert (
+        refresh(tmp_path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0))
+        == 0
+    )
     (golden,) = (tmp_path / "golden").glob("*.json")
     return load_golden(golden), str(golden)
 
 
 def _failures(golden, path, *records):
-    return {(c.label, c.metric, c.verdict) for c in compare_records(golden, list(records), path).failures}
+    return {
+        (c.label, c.metric, c.verdict)
+        for c in compare_records(golden, list(records), path).failures
+    }
 
 
 def test_a_lost_saving_fails_although_every_absolute_value_is_inside_its_tolerance(tmp_path):
     golden, path = _effect_golden(tmp_path)
-    assert _failures(golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)) == set()
-    lost = _failures(golden, path, run_record(), run_record("moe_act", step_ms=408.0))  # peak = the control's
+    assert (
+        _failures(
+            golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)
+        )
+        == set()
+    )
+    lost = _failures(
+        golden, path, run_record(), run_record("moe_act", step_ms=408.0)
+    )  # peak = the control's
     assert ("moe_act", "saving_allocated_pct", "FAIL: saving lost") in lost
     assert ("moe_act", "saving_allocated_bytes", "FAIL: saving shrank beyond tolerance") in lost
 
 
 def test_a_tripled_cost_fails(tmp_path):
     golden, path = _effect_golden(tmp_path)
-    tripled = _failures(golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=424.0))
+    tripled = _failures(
+        golden, path, run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=424.0)
+    )
     assert tripled == {("moe_act", "step_time_cost_pct", "FAIL: cost grew beyond tolerance")}
 
 
@@ -112,12 +165,23 @@ def test_a_label_that_neither_saves_nor_costs_became_inactive(tmp_path):
 
 def test_a_uniform_shift_passes_the_effects_and_shows_as_a_shift_of_the_control(tmp_path):
     golden, path = _effect_golden(tmp_path)
-    slower = compare_records(golden, [run_record(step_ms=400.0 * 1.08),
-                                      run_record("moe_act", peak=29_400_000_000, step_ms=408.0 * 1.08)], path)
+    slower = compare_records(
+        golden,
+        [
+            run_record(step_ms=400.0 * 1.08),
+            run_record("moe_act", peak=29_400_000_000, step_ms=408.0 * 1.08),
+        ],
+        path,
+    )
     assert slower.passed  # +8 % on every row: inside the control's ±10 %, effects unchanged
     shift = next(c for c in slower.checks if (c.label, c.metric) == ("[]", "step_time_ms"))
     assert shift.delta_pct == pytest.approx(8.0)
-    much = _failures(golden, path, run_record(step_ms=480.0), run_record("moe_act", peak=29_400_000_000, step_ms=489.6))
+    much = _failures(
+        golden,
+        path,
+        run_record(step_ms=480.0),
+        run_record("moe_act", peak=29_400_000_000, step_ms=489.6),
+    )
     assert much == {("[]", "step_time_ms", "FAIL: regressed")}  # the machine, not moe_act
 
 
@@ -127,7 +191,9 @@ def test_outcome_stages_compare_at_the_goldens_precision(tmp_path):
     dead = run_record("moe_act", peak=29_400_000_000, status="oom", died_in=3)  # phase "forward"
     assert not {c for c in _failures(golden, path, run_record(), dead) if c[1] == "outcome"}
     golden.rows[1].outcome["phase"] = "backward"
-    assert ("moe_act", "outcome", "FAIL: failure stage changed") in _failures(golden, path, run_record(), dead)
+    assert ("moe_act", "outcome", "FAIL: failure stage changed") in _failures(
+        golden, path, run_record(), dead
+    )
 
 
 def test_effects_need_a_control_in_the_golden_and_in_the_records(tmp_path, capsys):
@@ -142,16 +208,23 @@ def test_effects_need_a_control_in_the_golden_and_in_the_records(tmp_path, capsy
         with pytest.raises(UsageError, match="tolerance.step_time_cost_pct.abs"):
             validate_golden(data, "g")
     capsys.readouterr()
-    assert main(["compare", "--golden", path, *write_records(tmp_path / "w", run_record("moe_act"))]) == 2
+    assert (
+        main(["compare", "--golden", path, *write_records(tmp_path / "w", run_record("moe_act"))])
+        == 2
+    )
     assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_peak_scope_is_part_of_the_identity(tmp_path):
     golden, path = _effect_golden(tmp_path)
     golden.peak_scope = "rank0"  # rank 0 is the hottest rank in these records: same numbers
-    assert compare_records(golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path).passed
+    assert compare_records(
+        golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path
+    ).passed
     golden.peak_scope = "dp-rank0"  # data-parallel rank 0 is rank 0 alone here (dp = 2)
-    assert compare_records(golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path).passed
+    assert compare_records(
+        golden, [run_record(), run_record("moe_act", peak=29_400_000_000, step_ms=408.0)], path
+    ).passed
     reference = run_json()
     reference["metrics"]["ranks"] = []
     reference["metrics"]["headline"]["peak_scope"] = "all-ranks"
@@ -165,6 +238,8 @@ def test_the_cards_own_rows_pass_their_re_transcribed_goldens():
         assert loaded.judges_effects and loaded.peak_scope in ("rank0", "dp-rank0")
         records = load_records([RECORDS_DIR / f"seed-{loaded.recipe}.json"])
         assert compare_records(loaded, records, str(golden)).passed
+
+
 def test_a_golden_pinned_by_commit_and_sources_matches_either(tmp_path, capsys):
     # Bridge's submodule reports a commit; a wheel of the same sources only version + fingerprint.
     both = copy.deepcopy(REVISIONS)
@@ -176,10 +251,15 @@ def test_a_golden_pinned_by_commit_and_sources_matches_either(tmp_path, capsys):
     wheel = copy.deepcopy(both)
     wheel["megatron_core"]["commit"] = None
     patched = copy.deepcopy(both)
-    patched["megatron_core"]["fingerprint"] = "0123456789abcdef"  # same commit, local edit elsewhere
+    patched["megatron_core"]["fingerprint"] = (
+        "0123456789abcdef"  # same commit, local edit elsewhere
+    )
     for revisions in (wheel, patched):
         assert compare_records(golden, [run_record(revisions=revisions)], str(path)).passed
     other = copy.deepcopy(wheel)
     other["megatron_core"]["fingerprint"] = "0123456789abcdef"
-    with pytest.raises(UsageError, match="megatron_core.commit 24bad8e6.* != None.*megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef"):
+    with pytest.raises(
+        UsageError,
+        match="megatron_core.commit 24bad8e6.* != None.*megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef",
+    ):
         compare_records(golden, [run_record(revisions=other)], str(path))

@@ -12,7 +12,10 @@ def test_every_discovered_label_passes_the_unknown_label_rule():
     labels = accepted_labels()
     assert labels, "label discovery found nothing"
     for label in labels:
-        assert validate({"recompute_granularity": "selective", "recompute_modules": [label]}).rule != "labels.unknown"
+        assert (
+            validate({"recompute_granularity": "selective", "recompute_modules": [label]}).rule
+            != "labels.unknown"
+        )
 
 
 def test_discovery_agrees_with_the_set_mcore_names_when_rejecting():

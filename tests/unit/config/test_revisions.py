@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+from mcore_checkout import copy_sources, git_head, mcore_checkout
 
 from harness.cli import main
 from harness.config.revisions import (
@@ -24,13 +25,19 @@ from harness.config.revisions import (
     vcs_commit,
 )
 from harness.record.golden_dir import golden_root, labels_dir
-from mcore_checkout import copy_sources, git_head, mcore_checkout
 
 
 def test_revisions_block_has_the_record_shape():
     revisions = collect_revisions()
     assert set(revisions) == {
-        "torch", "megatron_core", "megatron_bridge", "transformer_engine", "cuda", "driver", "python"}
+        "torch",
+        "megatron_core",
+        "megatron_bridge",
+        "transformer_engine",
+        "cuda",
+        "driver",
+        "python",
+    }
     assert revisions["torch"] == metadata.version("torch")
     identity = megatron_core_identity()
     assert revisions["megatron_core"]["version"] == identity["version"]
@@ -70,7 +77,9 @@ def test_a_new_module_reading_recompute_modules_joins_the_fingerprint(tmp_path):
     copy_sources(megatron_core_root(), copy)
     before = source_fingerprint(copy)
     module = copy / "transformer" / "harness_new_block.py"
-    module.write_text("def forward(config):\n    return 'harness_new_label' in config.recompute_modules\n")
+    module.write_text(
+        "def forward(config):\n    return 'harness_new_label' in config.recompute_modules\n"
+    )
     assert "transformer/harness_new_block.py" in fingerprint_sources(copy)
     assert source_fingerprint(copy) != before
     module.write_text("def forward(config):\n    return None\n")  # unrelated code is not covered
@@ -101,10 +110,15 @@ def test_vcs_commit_comes_from_pep_610_direct_url(tmp_path):
     dist_info.mkdir()
     (dist_info / "METADATA").write_text("Name: megatron-core\nVersion: 0.20.0\n")
     commit = "24bad8e677d22625d86ef2a54c9506b6e4992c93"
-    direct_url = {"url": "https://github.com/NVIDIA/Megatron-LM", "vcs_info": {"vcs": "git", "commit_id": commit}}
+    direct_url = {
+        "url": "https://github.com/NVIDIA/Megatron-LM",
+        "vcs_info": {"vcs": "git", "commit_id": commit},
+    }
     (dist_info / "direct_url.json").write_text(json.dumps(direct_url))
     assert vcs_commit(metadata.PathDistribution(dist_info)) == commit
-    (dist_info / "direct_url.json").write_text(json.dumps({"url": "file:///wheels/x.whl", "archive_info": {}}))
+    (dist_info / "direct_url.json").write_text(
+        json.dumps({"url": "file:///wheels/x.whl", "archive_info": {}})
+    )
     assert vcs_commit(metadata.PathDistribution(dist_info)) is None
 
 
@@ -116,9 +130,18 @@ def test_revisions_command_prints_the_block_as_json(capsys):
 
 
 def _harness(repo: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "harness.cli", *argv], env=env, capture_output=True, text=True,
-                          timeout=60)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path):
@@ -126,7 +149,10 @@ def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path)
     commit = git_head(repo)
     mcore = json.loads(_harness(repo, "revisions", "--json").stdout)["megatron_core"]
     assert mcore["commit"] == commit  # from the work tree that holds the imported code
-    assert mcore["package"] == {"version": metadata.version("megatron-core"), "commit": None}  # both are kept
+    assert mcore["package"] == {
+        "version": metadata.version("megatron-core"),
+        "commit": None,
+    }  # both are kept
     assert mcore["fingerprint"] == source_fingerprint(repo / "megatron" / "core")
     # Local changes: no commit describes the code any more (the fingerprint still does).
     config = repo / "megatron" / "core" / "transformer" / "transformer_config.py"
@@ -137,7 +163,9 @@ def test_a_checkout_on_pythonpath_is_described_not_the_installed_wheel(tmp_path)
 
 def test_an_unidentifiable_megatron_core_is_refused_before_anything_is_written(tmp_path):
     repo = mcore_checkout(tmp_path)
-    (repo / "megatron" / "core" / "package_info.py").unlink()  # no version in the tree, none in metadata for it
+    (
+        repo / "megatron" / "core" / "package_info.py"
+    ).unlink()  # no version in the tree, none in metadata for it
     manifests = labels_dir(golden_root())
     before = sorted(p.name for p in manifests.iterdir())
     for argv in (["labels", "--write-manifest"], ["probe", "--all", "--write-golden"]):
@@ -150,10 +178,14 @@ def test_an_unidentifiable_megatron_core_is_refused_before_anything_is_written(t
 def test_revisions_imports_neither_torch_nor_megatron_core():
     # The CLI arms the CPU adapter's deferred torch.compile before MCore imports; looking MCore up (as
     # the identity does) must not set it off.
-    probe = ("import io, sys, contextlib; from harness.cli import main; out = io.StringIO()\n"
-             "with contextlib.redirect_stdout(out): code = main(['revisions', '--json'])\n"
-             "print(code, 'torch' in sys.modules, 'megatron.core' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    probe = (
+        "import io, sys, contextlib; from harness.cli import main; out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out): code = main(['revisions', '--json'])\n"
+        "print(code, 'torch' in sys.modules, 'megatron.core' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.stdout.split() == ["0", "False", "False"], done.stderr[-2000:]
 
 

@@ -9,8 +9,8 @@ import pytest
 
 from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
-from harness.config.validate import ConfigRejected, check_config, validate
 from harness.config.rules import RULES_BY_ID
+from harness.config.validate import ConfigRejected, check_config, validate
 
 
 def _fields(**recompute) -> dict:
@@ -27,13 +27,32 @@ def test_selective_without_modules_becomes_core_attn():
     assert verdict.accepted and verdict.effective.modules == ("core_attn",)
 
 
-@pytest.mark.parametrize("fields, rule, mcore_exception", [
-    (_fields(granularity="selective", modules=("core_attn", "not_a_label")), "labels.unknown", "AssertionError"),
-    (_fields(granularity="selective", modules=("moe_act",)), "labels.moe_act-needs-grouped-gemm", "ValueError"),
-    (_fields(granularity="full", num_layers=1), "recompute.full-needs-method", "ValueError"),
-    (_fields(granularity="full", method="uniform"), "recompute.full-needs-num-layers", "ValueError"),
-    (_fields(granularity="selective", num_layers=1), "recompute.selective-forbids-num-layers", "ValueError"),
-])
+@pytest.mark.parametrize(
+    "fields, rule, mcore_exception",
+    [
+        (
+            _fields(granularity="selective", modules=("core_attn", "not_a_label")),
+            "labels.unknown",
+            "AssertionError",
+        ),
+        (
+            _fields(granularity="selective", modules=("moe_act",)),
+            "labels.moe_act-needs-grouped-gemm",
+            "ValueError",
+        ),
+        (_fields(granularity="full", num_layers=1), "recompute.full-needs-method", "ValueError"),
+        (
+            _fields(granularity="full", method="uniform"),
+            "recompute.full-needs-num-layers",
+            "ValueError",
+        ),
+        (
+            _fields(granularity="selective", num_layers=1),
+            "recompute.selective-forbids-num-layers",
+            "ValueError",
+        ),
+    ],
+)
 def test_rejections_are_normalized_to_a_rule_id_with_mcores_message(fields, rule, mcore_exception):
     with pytest.raises(ConfigRejected) as rejected:
         check_config(fields)
@@ -48,19 +67,41 @@ def test_unknown_label_message_names_the_label():
 
 
 def test_mla_label_validates_through_mla_config():
-    assert validate({**_fields(granularity="selective", modules=("mla_up_proj",)),
-                     "multi_latent_attention": True}).accepted
+    assert validate(
+        {
+            **_fields(granularity="selective", modules=("mla_up_proj",)),
+            "multi_latent_attention": True,
+        }
+    ).accepted
 
 
-@pytest.mark.parametrize("rule, fields", [
-    ("semantics.selective-ignores-method", _fields(granularity="selective", modules=("mlp",), method="block")),
-    ("semantics.num-layers-without-granularity", _fields(num_layers=2)),
-    ("semantics.full-block-num-layers-zero", _fields(granularity="full", method="block", num_layers=0)),
-    ("runtime.full-uniform-num-layers-zero-hangs", _fields(granularity="full", method="uniform", num_layers=0)),
-    ("semantics.labels-without-granularity", _fields(modules=("not_a_label",))),
-    ("semantics.distribute-saved-activations-without-recompute",
-     {"distribute_saved_activations": True, "sequence_parallel": True, "tensor_model_parallel_size": 2}),
-])
+@pytest.mark.parametrize(
+    "rule, fields",
+    [
+        (
+            "semantics.selective-ignores-method",
+            _fields(granularity="selective", modules=("mlp",), method="block"),
+        ),
+        ("semantics.num-layers-without-granularity", _fields(num_layers=2)),
+        (
+            "semantics.full-block-num-layers-zero",
+            _fields(granularity="full", method="block", num_layers=0),
+        ),
+        (
+            "runtime.full-uniform-num-layers-zero-hangs",
+            _fields(granularity="full", method="uniform", num_layers=0),
+        ),
+        ("semantics.labels-without-granularity", _fields(modules=("not_a_label",))),
+        (
+            "semantics.distribute-saved-activations-without-recompute",
+            {
+                "distribute_saved_activations": True,
+                "sequence_parallel": True,
+                "tensor_model_parallel_size": 2,
+            },
+        ),
+    ],
+)
 def test_silent_acceptances_are_recorded_in_the_matrix(rule, fields):
     verdict = validate(fields)
     assert verdict.accepted, verdict.message
@@ -72,6 +113,7 @@ def test_silent_acceptances_are_recorded_in_the_matrix(rule, fields):
 
 
 # --- full supersedes selective, where it matters: on real layers -------------------------------------
+
 
 def _recompute_switches(module) -> dict[str, bool]:
     """Every per-module recompute switch MCore set while building ``module``."""
@@ -85,7 +127,9 @@ def _recompute_switches(module) -> dict[str, bool]:
 
 @pytest.fixture(scope="module")
 def build():
-    adapter = pytest.importorskip("harness.cpu.adapter", reason="needs the CPU adapter (harness/cpu)")
+    adapter = pytest.importorskip(
+        "harness.cpu.adapter", reason="needs the CPU adapter (harness/cpu)"
+    )
     from harness.models import build_model
 
     adapter.init_cpu_parallel_state()
@@ -164,9 +208,16 @@ def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
     from harness.cpu.adapter import transformer_engine_available
 
     if transformer_engine_available():
-        pytest.skip("with Transformer Engine the grouped-GEMM flag builds TEGroupedMLP, where moe_act acts")
-    assert validate({**_fields(granularity="selective", modules=("moe_act",)), "num_moe_experts": 4,
-                     "moe_grouped_gemm": True}).accepted
+        pytest.skip(
+            "with Transformer Engine the grouped-GEMM flag builds TEGroupedMLP, where moe_act acts"
+        )
+    assert validate(
+        {
+            **_fields(granularity="selective", modules=("moe_act",)),
+            "num_moe_experts": 4,
+            "moe_grouped_gemm": True,
+        }
+    ).accepted
     switches = build("moonlight-tiny", RecomputeFields.selective("moe_act"))
     assert switches and not any(switches.values())
 
@@ -176,4 +227,7 @@ def test_legacy_moe_layer_recompute_becomes_selective_moe_after_the_label_checks
     # The unknown label is never checked: granularity was None when the label rules ran.
     assert verdict.accepted and verdict.warning_rules == ("legacy.moe-layer-recompute-deprecated",)
     assert verdict.effective == RecomputeFields("selective", ("not_a_label", "moe"))
-    assert RULES_BY_ID["legacy.moe-layer-recompute-becomes-selective-moe"].outcome == "silently-ignored"
+    assert (
+        RULES_BY_ID["legacy.moe-layer-recompute-becomes-selective-moe"].outcome
+        == "silently-ignored"
+    )

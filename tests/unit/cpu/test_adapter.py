@@ -18,23 +18,27 @@ def cpu_group():
 def test_upstream_still_matches_what_the_adapter_replaces(name):
     # One test per adapted object: a bump that changes some of them fails once for each, by name.
     # Re-read the change, then add its digest to PATCHED_SURFACE / PINNED_CALL_SITES.
-    assert name not in adapter.drifted_objects(), next(line for line in adapter.upstream_drift()
-                                                        if line.startswith(name))
+    assert name not in adapter.drifted_objects(), next(
+        line for line in adapter.upstream_drift() if line.startswith(name)
+    )
 
 
 def test_drift_is_reported_by_name_and_refused(monkeypatch):
     name = "megatron.core.tensor_parallel.random._set_cuda_rng_state"
     already = adapter.drifted_objects()
     monkeypatch.setitem(adapter.PATCHED_SURFACE, name, {"0" * 16: "a revision never installed"})
-    assert adapter.drifted_objects() == sorted({*already, name}, key=[*adapter.PATCHED_SURFACE,
-                                                                     *adapter.PINNED_CALL_SITES].index)
+    assert adapter.drifted_objects() == sorted(
+        {*already, name}, key=[*adapter.PATCHED_SURFACE, *adapter.PINNED_CALL_SITES].index
+    )
     with pytest.raises(UsageError, match=rf"refusing to write CPU goldens: .*drifted in .*{name}"):
         adapter.require_supported_revision("write CPU goldens")
 
 
 def test_every_pin_names_the_revisions_it_was_reviewed_on():
     for name, reviewed in {**adapter.PATCHED_SURFACE, **adapter.PINNED_CALL_SITES}.items():
-        assert reviewed and all(len(digest) == 16 and revisions for digest, revisions in reviewed.items()), name
+        assert reviewed and all(
+            len(digest) == 16 and revisions for digest, revisions in reviewed.items()
+        ), name
 
 
 def test_fp8_names_are_unbound_upstream_without_te():
@@ -47,9 +51,17 @@ def test_enable_is_idempotent_and_installs_exactly_the_surface(cpu_group):
     from megatron.core.tensor_parallel import random as mcore_random
 
     assert adapter.enable_cpu_adapter() is True
-    installed = (torch.cuda.current_device, torch.cuda.get_rng_state, mcore_random._set_cuda_rng_state)
+    installed = (
+        torch.cuda.current_device,
+        torch.cuda.get_rng_state,
+        mcore_random._set_cuda_rng_state,
+    )
     assert adapter.enable_cpu_adapter() is True
-    assert (torch.cuda.current_device, torch.cuda.get_rng_state, mcore_random._set_cuda_rng_state) == installed
+    assert (
+        torch.cuda.current_device,
+        torch.cuda.get_rng_state,
+        mcore_random._set_cuda_rng_state,
+    ) == installed
     assert torch.cuda.current_device() == "cpu"
     assert mcore_random.FP8GlobalStateManager.is_fp8_enabled() is False
 
@@ -102,9 +114,15 @@ def test_deferred_compile_compiles_on_first_call_exactly_as_upstream():
     assert jit.jit_fuser is _deferred_compile and torch.compile is _deferred_compile
     assert fused_bias_geglu.geglu.__wrapped__.__name__ == "geglu"  # a deferred wrapper, same name
     calls = []
-    compiled = _deferred_compile(lambda x: x * 2, backend=lambda gm, inputs: calls.append(gm) or gm.forward)
+    compiled = _deferred_compile(
+        lambda x: x * 2, backend=lambda gm, inputs: calls.append(gm) or gm.forward
+    )
     assert calls == []  # decorating compiled nothing
     assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
-    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1  # compiled once
-    assert upstream_compile() is adapter._ORIGINALS["torch.compile"] and upstream_compile() is not torch.compile
-
+    assert (
+        torch.equal(compiled(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
+    )  # compiled once
+    assert (
+        upstream_compile() is adapter._ORIGINALS["torch.compile"]
+        and upstream_compile() is not torch.compile
+    )

@@ -13,14 +13,16 @@ import torch
 from harness.cli import main
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
-from harness.record.golden_dir import estimate_dir, golden_path_for, golden_root
 from harness.estimate.anchors import GPT_ANCHOR, korthikanti_layer_bytes, megatron_lm_layer_bytes
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.estimate.layers import build_layer, measure_layer
 from harness.estimate.model import DENSE, Architecture
+from harness.record.golden_dir import estimate_dir, golden_path_for, golden_root
 
 GOLDEN_ESTIMATE = sorted(estimate_dir(golden_root()).glob("moonlight-full-8gpu__fused__*.json"))
-SEED_MOONLIGHT = Path(__file__).parents[3] / "harness" / "data" / "reference" / "seed-moonlight-full-8gpu.json"
+SEED_MOONLIGHT = (
+    Path(__file__).parents[3] / "harness" / "data" / "reference" / "seed-moonlight-full-8gpu.json"
+)
 ANCHOR = Architecture(GPT_ANCHOR, "test", (DENSE,))
 
 
@@ -29,9 +31,17 @@ def parallel_state():
     init_cpu_parallel_state()
 
 
-def _anchor_bytes(labels: tuple[str, ...], s: int, *, backend: str = "unfused", dropout: bool = True) -> int:
-    layer = build_layer(ANCHOR, RecomputeFields.selective(*labels), DENSE, precision="bf16",
-                        attention_backend=backend, dropout=dropout)
+def _anchor_bytes(
+    labels: tuple[str, ...], s: int, *, backend: str = "unfused", dropout: bool = True
+) -> int:
+    layer = build_layer(
+        ANCHOR,
+        RecomputeFields.selective(*labels),
+        DENSE,
+        precision="bf16",
+        attention_backend=backend,
+        dropout=dropout,
+    )
     return measure_layer(layer, s, 1).retained_bytes
 
 
@@ -48,18 +58,34 @@ def test_gpt_layer_matches_korthikanti_term_by_term(parallel_state, s):
       (16 bytes per token; the paper neglects them; also on GPU).
     - core_attn's checkpoint keeps one 4-byte scalar besides its q, k, v inputs.
     """
-    h, a, b = GPT_ANCHOR.config_kwargs["hidden_size"], GPT_ANCHOR.config_kwargs["num_attention_heads"], 1
+    h, a, b = (
+        GPT_ANCHOR.config_kwargs["hidden_size"],
+        GPT_ANCHOR.config_kwargs["num_attention_heads"],
+        1,
+    )
     scores = a * s * s * b
     softmax_fp32, cpu_attention_mask = 2 * scores, scores
     cpu_hidden_masks, norm_stats = 2 * s * b * h, 16 * s * b
     full = _anchor_bytes((), s)
-    assert full == korthikanti_layer_bytes(s, b, h, a) + softmax_fp32 + cpu_attention_mask + cpu_hidden_masks + norm_stats
+    assert (
+        full
+        == korthikanti_layer_bytes(s, b, h, a)
+        + softmax_fp32
+        + cpu_attention_mask
+        + cpu_hidden_masks
+        + norm_stats
+    )
     selective = _anchor_bytes(("core_attn",), s)
-    assert selective == korthikanti_layer_bytes(s, b, h, a, selective=True) + cpu_hidden_masks + norm_stats + 4
+    assert (
+        selective
+        == korthikanti_layer_bytes(s, b, h, a, selective=True) + cpu_hidden_masks + norm_stats + 4
+    )
     # Stated tolerance: at these widths the CPU-only mask bytes and the norm statistics are the whole
     # gap to the selective formula, 2/34 + 16/(34·h) ≈ 6.1 %; Megatron-LM's formula says the same 34.
     assert selective / korthikanti_layer_bytes(s, b, h, a, selective=True) - 1 < 0.062
-    assert megatron_lm_layer_bytes(s, b, h, 4 * h) == korthikanti_layer_bytes(s, b, h, a, selective=True)
+    assert megatron_lm_layer_bytes(s, b, h, 4 * h) == korthikanti_layer_bytes(
+        s, b, h, a, selective=True
+    )
 
 
 def test_fused_attention_keeps_no_score_matrix(parallel_state):
@@ -75,7 +101,9 @@ def test_fused_attention_keeps_no_score_matrix(parallel_state):
     # the value matmul reads (6 bytes per element); fused keeps 4 bytes of log-sum-exp per query
     # row and head instead; everything else (q, k, v, output, linears, norms) is the same.
     unfused_no_dropout = [_anchor_bytes((), s, dropout=False) for s in lengths]
-    assert [u - f for u, f in zip(unfused_no_dropout, fused)] == [6 * a * s * s - 4 * a * s for s in lengths]
+    assert [u - f for u, f in zip(unfused_no_dropout, fused)] == [
+        6 * a * s * s - 4 * a * s for s in lengths
+    ]
     del h
 
 
@@ -84,8 +112,12 @@ def test_fused_attention_matches_unfused_numerics(parallel_state):
     from harness.models import build_model
     from harness.probe.measure import measure
 
-    results = {backend: measure(build_model("moonlight-tiny", RecomputeFields.selective(), attention_backend=backend))
-               for backend in ("unfused", "fused")}
+    results = {
+        backend: measure(
+            build_model("moonlight-tiny", RecomputeFields.selective(), attention_backend=backend)
+        )
+        for backend in ("unfused", "fused")
+    }
     unfused, fused = results["unfused"], results["fused"]
     assert torch.allclose(unfused.loss, fused.loss, atol=1e-6)
     assert set(unfused.grads) == set(fused.grads)
@@ -108,27 +140,42 @@ def test_fused_rms_norm_matches_torch_and_keeps_input_and_rstd():
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         norm(x.to(torch.bfloat16))
-    assert [(tuple(t.shape), t.dtype) for t in saved] == [((5, 3, 16), torch.bfloat16), ((16,), torch.float64),
-                                                          ((5, 3, 1), torch.float32)]
+    assert [(tuple(t.shape), t.dtype) for t in saved] == [
+        ((5, 3, 16), torch.bfloat16),
+        ((16,), torch.float64),
+        ((5, 3, 1), torch.float32),
+    ]
 
 
 def test_extrapolation_is_exact_for_polynomials():
     lengths = (64, 128, 256)
     values = [3 + 5 * s + 7 * s * s for s in lengths]
-    assert extrapolate(lengths, values, 4096) == 3 + 5 * 4096 + 7 * 4096 ** 2
+    assert extrapolate(lengths, values, 4096) == 3 + 5 * 4096 + 7 * 4096**2
     assert quadratic_coefficient(lengths, values) == 7
     assert extrapolate((1, 2), (10, 20), 7) == Fraction(70)
     with pytest.raises(ValueError):
         extrapolate((64, 64), (1, 2), 128)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["estimate", "--recipe", "no-such-recipe"], "unknown recipe 'no-such-recipe'"),
-    (["estimate", "--recipe", "nemotron-3-nano-full-16gpu"], "no CPU layer model for 'nemotron-3-nano'"),
-    (["estimate", "--recipe", "cpu-moonlight-ep2"], "is a CPU recipe"),
-    (["estimate", "--recipe", "moonlight-full-8gpu", "--rows", "mla_up_proj+"], "row 'mla_up_proj+'"),
-    (["estimate", "--recipe", "moonlight-full-8gpu", "--attention-backend", "flashy"], "invalid choice: 'flashy'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["estimate", "--recipe", "no-such-recipe"], "unknown recipe 'no-such-recipe'"),
+        (
+            ["estimate", "--recipe", "nemotron-3-nano-full-16gpu"],
+            "no CPU layer model for 'nemotron-3-nano'",
+        ),
+        (["estimate", "--recipe", "cpu-moonlight-ep2"], "is a CPU recipe"),
+        (
+            ["estimate", "--recipe", "moonlight-full-8gpu", "--rows", "mla_up_proj+"],
+            "row 'mla_up_proj+'",
+        ),
+        (
+            ["estimate", "--recipe", "moonlight-full-8gpu", "--attention-backend", "flashy"],
+            "invalid choice: 'flashy'",
+        ),
+    ],
+)
 def test_estimate_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message):
     out = tmp_path / "estimate.json"
     assert main([*argv, "--out", str(out)]) == 2
@@ -140,29 +187,46 @@ def test_estimate_bad_input_is_one_line_exit_2(capsys, tmp_path, argv, message):
 def test_committed_estimate_reproduces_the_cards_conclusions():
     """The harness-written Moonlight estimate: core_attn ≈ 0 under fused attention, mla_up_proj of the
     card's order, mlp inactive on MoE layers, moe_act reported as requires-TE (never guessed)."""
-    assert GOLDEN_ESTIMATE, "write it with: ./venv-run recompute-harness estimate --recipe moonlight-full-8gpu --write-golden"
+    assert GOLDEN_ESTIMATE, (
+        "write it with: ./venv-run recompute-harness estimate --recipe moonlight-full-8gpu --write-golden"
+    )
     rows = {row["label"]: row for row in json.loads(GOLDEN_ESTIMATE[-1].read_text())["rows"]}
     assert rows["core_attn"]["status"] == "effective" and rows["core_attn"]["saving_pct"] < 0.1
     assert 0.8 < rows["mla_up_proj"]["saving_bytes"] / 716e6 < 1.2
-    assert rows["mla_up_proj+mlp"]["per_kind"]["moe"]["saving_bytes"] == rows["mla_up_proj"]["per_kind"]["moe"]["saving_bytes"]
+    assert (
+        rows["mla_up_proj+mlp"]["per_kind"]["moe"]["saving_bytes"]
+        == rows["mla_up_proj"]["per_kind"]["moe"]["saving_bytes"]
+    )
     assert rows["moe_act"]["status"] == "requires-TE" and rows["moe_act"]["saving_bytes"] is None
 
 
 def test_analyze_shows_estimate_beside_measured(capsys):
-    assert main(["analyze", str(SEED_MOONLIGHT), "--estimate", str(GOLDEN_ESTIMATE[-1]), "--json"]) == 0
-    versus = {row["label"]: row for row in json.loads(capsys.readouterr().out)["estimate_vs_measured"]}
+    assert (
+        main(["analyze", str(SEED_MOONLIGHT), "--estimate", str(GOLDEN_ESTIMATE[-1]), "--json"])
+        == 0
+    )
+    versus = {
+        row["label"]: row for row in json.loads(capsys.readouterr().out)["estimate_vs_measured"]
+    }
     assert versus["mla_up_proj"]["measured_saving_bytes"] == 716_000_000
     assert abs(versus["mla_up_proj"]["error_pct"]) < 20
-    assert versus["moe_act"]["estimated_saving_bytes"] is None and versus["moe_act"]["measured_saving_bytes"] == 677_000_000
+    assert (
+        versus["moe_act"]["estimated_saving_bytes"] is None
+        and versus["moe_act"]["measured_saving_bytes"] == 677_000_000
+    )
 
 
 def test_analyze_refuses_an_estimate_of_another_recipe(capsys, tmp_path):
     other = tmp_path / "other.json"
-    other.write_text(json.dumps({**json.loads(GOLDEN_ESTIMATE[-1].read_text()), "recipe": "mcore-moonlight-8gpu"}))
+    other.write_text(
+        json.dumps(
+            {**json.loads(GOLDEN_ESTIMATE[-1].read_text()), "recipe": "mcore-moonlight-8gpu"}
+        )
+    )
     assert main(["analyze", str(SEED_MOONLIGHT), "--estimate", str(other)]) == 2
     assert "the estimate is for recipe 'mcore-moonlight-8gpu'" in capsys.readouterr().err
     broken = tmp_path / "broken.json"
-    broken.write_text("{\"recipe\": 1}")
+    broken.write_text('{"recipe": 1}')
     assert main(["analyze", str(SEED_MOONLIGHT), "--estimate", str(broken)]) == 2
 
 
@@ -174,14 +238,26 @@ def test_probe_fused_backend_records_and_names_its_golden(parallel_state):
     from harness.probe.golden import probe_records
     from harness.probe.runner import probe_models
 
-    (probe,) = probe_models(["dense-tiny"], [("core_attn",)], hang_probe=False, attention_backend="fused")
+    (probe,) = probe_models(
+        ["dense-tiny"], [("core_attn",)], hang_probe=False, attention_backend="fused"
+    )
     records = probe_records(probe)
     assert {r.workload.recipe for r in records} == {"cpu-probe-dense-tiny-fused"}
     assert {r.workload.attention_backend for r in records} == {"fused"}
-    assert golden_path_for(records, golden_root()).name.startswith("cpu-probe-dense-tiny-fused__cpux0__")
+    assert golden_path_for(records, golden_root()).name.startswith(
+        "cpu-probe-dense-tiny-fused__cpux0__"
+    )
     control, core_attn = probe.rows
     style = probe_models.__globals__["style_model"]("dense-tiny")
-    lse = (style.config_kwargs["num_layers"] * probe.micro_batch_size * style.config_kwargs["num_attention_heads"]
-           * probe.seq_length * 4)
-    mask = probe.seq_length ** 2
-    assert control.retained_bytes - core_attn.retained_bytes == lse - 4 * style.config_kwargs["num_layers"] - mask
+    lse = (
+        style.config_kwargs["num_layers"]
+        * probe.micro_batch_size
+        * style.config_kwargs["num_attention_heads"]
+        * probe.seq_length
+        * 4
+    )
+    mask = probe.seq_length**2
+    assert (
+        control.retained_bytes - core_attn.retained_bytes
+        == lse - 4 * style.config_kwargs["num_layers"] - mask
+    )

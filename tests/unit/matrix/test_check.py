@@ -6,18 +6,30 @@ from __future__ import annotations
 import functools
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from mcore_checkout import copy_sources
 
 from harness.cli import main
+from harness.config.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
 from harness.config.validate import validate
 from harness.matrix.check import check, compare, minimize
 from harness.matrix.drift import (
-    RULES_FILE, dead_rules, fields_named, grouped_disagreements, labels_without_rules,
+    RULES_FILE,
+    dead_rules,
+    fields_named,
+    grouped_disagreements,
+    labels_without_rules,
 )
 from harness.matrix.oracle import Oracle
-from harness.config.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
-from harness.matrix.space import DIMENSIONS, MAX_LABELS, UNKNOWN_LABELS, Scenario, options_of, sample_scenarios
-from mcore_checkout import copy_sources
+from harness.matrix.space import (
+    DIMENSIONS,
+    MAX_LABELS,
+    UNKNOWN_LABELS,
+    Scenario,
+    options_of,
+    sample_scenarios,
+)
 
 ORACLE = Oracle()
 
@@ -69,10 +81,14 @@ def dead_in_this_revision() -> frozenset[str]:
     return frozenset(dead.rule for dead in dead_rules())
 
 
-@pytest.mark.parametrize("rule_id", [rule.id for rule in RULES if rule.message and rule.differential])
+@pytest.mark.parametrize(
+    "rule_id", [rule.id for rule in RULES if rule.message and rule.differential]
+)
 def test_every_validator_rule_can_still_fire(rule_id):
     # One test per rule: a bump that removes or rewords some checks fails once for each, by rule id.
-    assert rule_id not in dead_in_this_revision(), next(dead.report() for dead in dead_rules() if dead.rule == rule_id)
+    assert rule_id not in dead_in_this_revision(), next(
+        dead.report() for dead in dead_rules() if dead.rule == rule_id
+    )
 
 
 def test_every_validator_rule_is_reachable_and_recognized():
@@ -82,7 +98,11 @@ def test_every_validator_rule_is_reachable_and_recognized():
         for rule in (prediction.rule, *prediction.warning_rules):
             examples.setdefault(rule, scenario)
     # A rule that can no longer fire fails test_every_validator_rule_can_still_fire (once, by name).
-    unreached = {rule.id for rule in RULES if rule.message and rule.differential} - set(examples) - dead_in_this_revision()
+    unreached = (
+        {rule.id for rule in RULES if rule.message and rule.differential}
+        - set(examples)
+        - dead_in_this_revision()
+    )
     assert not unreached, f"the configuration space never reaches {sorted(unreached)}"
     for rule_id, scenario in examples.items():
         if rule_id is None:
@@ -90,7 +110,11 @@ def test_every_validator_rule_is_reachable_and_recognized():
         verdict = validate(scenario.fields())
         if verdict.rule == UNCLASSIFIED:
             continue  # a message no rule knows: test_every_validator_message_is_classified names it
-        assert rule_id in (verdict.rule, *verdict.warning_rules), (rule_id, scenario.describe(), verdict)
+        assert rule_id in (verdict.rule, *verdict.warning_rules), (
+            rule_id,
+            scenario.describe(),
+            verdict,
+        )
         if verdict.rule == rule_id:
             assert verdict.mcore_exception == RULES_BY_ID[rule_id].raises
 
@@ -106,7 +130,9 @@ scenarios = st.builds(
     Scenario,
     options=st.tuples(*(_option(dimension) for dimension in DIMENSIONS)),
     modules=st.none()
-    | st.lists(st.sampled_from(sorted(ORACLE.labels) + list(UNKNOWN_LABELS)), max_size=MAX_LABELS).map(tuple),
+    | st.lists(
+        st.sampled_from(sorted(ORACLE.labels) + list(UNKNOWN_LABELS)), max_size=MAX_LABELS
+    ).map(tuple),
 )
 
 
@@ -133,7 +159,11 @@ def test_matrix_command_prints_every_rule(capsys):
 
 def test_matrix_check_command(capsys):
     # Exit 1 exactly when there is drift; which drift is named by the tests above, once each.
-    drift = bool(dead_in_this_revision() or labels_without_rules(ORACLE.labels) or check(sample_scenarios(300, ORACLE.labels), ORACLE))
+    drift = bool(
+        dead_in_this_revision()
+        or labels_without_rules(ORACLE.labels)
+        or check(sample_scenarios(300, ORACLE.labels), ORACLE)
+    )
     assert main(["matrix", "--check", "--count", "300"]) == (1 if drift else 0)
     assert "checked 300 configurations" in capsys.readouterr().out
     assert main(["matrix", "--check", "--count", "0"]) == 2
@@ -147,9 +177,13 @@ def test_a_removed_validator_check_is_a_rule_that_can_no_longer_fire(tmp_path):
     config = copy / "transformer" / "transformer_config.py"
     text = config.read_text()
     assert "mla_up_proj in recompute_modules is only supported with" in text
-    config.write_text(text.replace("mla_up_proj in recompute_modules is only supported with", "(reworded)"))
+    config.write_text(
+        text.replace("mla_up_proj in recompute_modules is only supported with", "(reworded)")
+    )
     # Named once, next to whatever this revision already lacks (reported by the test above).
-    assert [dead.rule for dead in dead_rules(copy) if dead.rule not in dead_in_this_revision()] == ["labels.mla_up_proj-needs-mla"]
+    assert [dead.rule for dead in dead_rules(copy) if dead.rule not in dead_in_this_revision()] == [
+        "labels.mla_up_proj-needs-mla"
+    ]
 
 
 def test_disagreements_are_grouped_by_cause_with_one_minimal_config():
@@ -158,20 +192,26 @@ def test_disagreements_are_grouped_by_cause_with_one_minimal_config():
     (cause,) = [cause for cause in causes if cause.key == ("verdict", "labels.unknown", "accept")]
     assert cause.count > 1  # many sampled configs, one entry
     assert cause.example.scenario.modules == ("mlp",) and cause.example.scenario.describe() == (
-        "recompute_granularity='selective', recompute_modules=['mlp']")
+        "recompute_granularity='selective', recompute_modules=['mlp']"
+    )
     assert "matrix says labels.unknown, MCore says accept" in cause.report()
 
 
 def test_an_unknown_validator_message_names_its_fields_and_the_file_to_edit():
     assert fields_named("'x' in recompute_modules requires moe_grouped_gemm=True and fp8") == [
-        "recompute_modules", "moe_grouped_gemm", "fp8"]
+        "recompute_modules",
+        "moe_grouped_gemm",
+        "fp8",
+    ]
     assert labels_without_rules({"harness_new_label"}) == ["harness_new_label"]
 
 
 @pytest.mark.parametrize("label", sorted(ORACLE.labels))
 def test_every_accepted_label_is_named_by_a_rule(label):
     # One test per label: a bump that adds labels the matrix does not know fails once for each.
-    assert label not in labels_without_rules(ORACLE.labels), f"no rule in {RULES_FILE} names {label!r}"
+    assert label not in labels_without_rules(ORACLE.labels), (
+        f"no rule in {RULES_FILE} names {label!r}"
+    )
 
 
 def test_every_validator_message_is_classified():

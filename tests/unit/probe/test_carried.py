@@ -84,8 +84,11 @@ def _graph_leaves(tensor: torch.Tensor) -> list[torch.Tensor]:
     return leaves
 
 
-@pytest.mark.parametrize("fields", [RecomputeFields.selective("moe"), RecomputeFields.full("uniform", 1)],
-                         ids=["moe", "full-uniform-1"])
+@pytest.mark.parametrize(
+    "fields",
+    [RecomputeFields.selective("moe"), RecomputeFields.full("uniform", 1)],
+    ids=["moe", "full-uniform-1"],
+)
 def test_mcore_allgather_dispatcher_keeps_the_replays_leaf_and_its_grad(fields):
     # MoEAllGatherTokenDispatcher.dispatch_postprocess stores ``self.local_probs`` (in the autograd
     # graph). Under the reentrant CheckpointFunction the replay in backward overwrites it, so after
@@ -94,10 +97,16 @@ def test_mcore_allgather_dispatcher_keeps_the_replays_leaf_and_its_grad(fields):
     model = _two_steps(fields)
     hidden = (model.seq_length, model.micro_batch_size, model.config.hidden_size)
     parameters = {id(p) for p in model.module.parameters()}
-    dispatchers = [layer.mlp.token_dispatcher for layer in model.module.decoder.layers if hasattr(layer.mlp, "token_dispatcher")]
+    dispatchers = [
+        layer.mlp.token_dispatcher
+        for layer in model.module.decoder.layers
+        if hasattr(layer.mlp, "token_dispatcher")
+    ]
     assert dispatchers
     for dispatcher in dispatchers:
-        held = [leaf for leaf in _graph_leaves(dispatcher.local_probs) if id(leaf) not in parameters]
+        held = [
+            leaf for leaf in _graph_leaves(dispatcher.local_probs) if id(leaf) not in parameters
+        ]
         assert [tuple(leaf.shape) for leaf in held] == [hidden]
         assert held[0].grad is not None and tuple(held[0].grad.shape) == hidden
 
@@ -107,4 +116,7 @@ def test_without_recompute_the_dispatcher_graph_reaches_only_parameters():
     parameters = {id(p) for p in model.module.parameters()}
     for layer in model.module.decoder.layers:
         if hasattr(layer.mlp, "token_dispatcher"):
-            assert all(id(leaf) in parameters for leaf in _graph_leaves(layer.mlp.token_dispatcher.local_probs))
+            assert all(
+                id(leaf) in parameters
+                for leaf in _graph_leaves(layer.mlp.token_dispatcher.local_probs)
+            )

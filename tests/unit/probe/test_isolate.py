@@ -24,8 +24,9 @@ def test_selective_mlp_with_biases_is_reported_as_hang():
     # MCore 0.19.2 deadlocks in CheckpointFunction.backward for selective `mlp` with biases. When an
     # upstream fix lands this test fails: the row then completes, and the probe reports it measured.
     # The child's start-up (torch + MCore import) has its own, generous limit: a loaded CI box is slow.
-    probe = IsolatedProbe("dense-tiny", ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True),
-                          timeout_s=3)
+    probe = IsolatedProbe(
+        "dense-tiny", ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True), timeout_s=3
+    )
     outcome = probe.outcome()
     assert outcome.status == "hang", outcome.message
     assert outcome.message == "no result 3 s into measurement; process group killed"
@@ -61,7 +62,9 @@ def _wait_for(condition, timeout_s: float) -> bool:
 
 def _watch(parent: subprocess.Popen, marker: str) -> None:
     """Wait for ``parent``'s isolated child to start; fail with the parent's words if it never does."""
-    assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), "nothing started"
+    assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), (
+        "nothing started"
+    )
     assert _isolated_children(marker), f"the isolated child never started: {parent.stderr.read()}"
 
 
@@ -71,14 +74,32 @@ def test_a_sigtermed_probe_unwinds_and_takes_its_isolated_child_with_it():
     # before the fix, a SIGTERMed `probe` left it running. The deadlock probe is part of dense-tiny's full
     # plan; its child starts before the in-process rows.
     marker = uuid.uuid4().hex
-    parent = subprocess.Popen([sys.executable, "-m", "harness.cli", "probe", "--model", "dense-tiny", "--hang-timeout", "300"],
-                              env={**os.environ, MARKER_ENV: marker}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "probe",
+            "--model",
+            "dense-tiny",
+            "--hang-timeout",
+            "300",
+        ],
+        env={**os.environ, MARKER_ENV: marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _watch(parent, marker)
         parent.send_signal(signal.SIGTERM)
-        assert parent.wait(timeout=60) == 143  # unwound: its clean-up ran, and it says why it stopped
-        assert parent.stderr.read().strip().splitlines()[-1] == "recompute-harness: stopped by SIGTERM (exit 143)"
+        assert (
+            parent.wait(timeout=60) == 143
+        )  # unwound: its clean-up ran, and it says why it stopped
+        assert (
+            parent.stderr.read().strip().splitlines()[-1]
+            == "recompute-harness: stopped by SIGTERM (exit 143)"
+        )
         assert _wait_for(lambda: not _isolated_children(marker), 10), _isolated_children(marker)
     finally:
         parent.kill()
@@ -89,12 +110,19 @@ def test_a_sigtermed_probe_unwinds_and_takes_its_isolated_child_with_it():
 def test_a_sigkilled_parents_isolated_child_dies_with_it():
     # A parent that only starts the child (no torch of its own) and is then SIGKILLed: no clean-up runs.
     marker = uuid.uuid4().hex
-    script = ("import time\nfrom harness.config.fields import RecomputeFields\nfrom harness.probe.isolate import IsolatedProbe\n"
-              "from harness.probe.plan import ProbeRow\n"
-              "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300)\n"
-              "time.sleep(300)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    script = (
+        "import time\nfrom harness.config.fields import RecomputeFields\nfrom harness.probe.isolate import IsolatedProbe\n"
+        "from harness.probe.plan import ProbeRow\n"
+        "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300)\n"
+        "time.sleep(300)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        env={**os.environ, MARKER_ENV: marker},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _watch(parent, marker)
         parent.kill()

@@ -24,9 +24,14 @@ def _graph_walk_bytes(loss: torch.Tensor, parameter_storages: set[int]) -> int:
         for name in dir(node):
             if name.startswith("_saved_"):
                 value = getattr(node, name)
-                tensors += [v for v in (value if isinstance(value, (tuple, list)) else [value])
-                            if isinstance(v, torch.Tensor)]
-        tensors += [t for t in getattr(node, "saved_tensors", ()) or () if isinstance(t, torch.Tensor)]
+                tensors += [
+                    v
+                    for v in (value if isinstance(value, (tuple, list)) else [value])
+                    if isinstance(v, torch.Tensor)
+                ]
+        tensors += [
+            t for t in getattr(node, "saved_tensors", ()) or () if isinstance(t, torch.Tensor)
+        ]
         for tensor in tensors:
             key = tensor.untyped_storage()._cdata
             if key not in parameter_storages:
@@ -53,8 +58,11 @@ def test_hook_count_and_graph_walk_see_the_same_savings():
     # The walk misses a few tensors some nodes do not expose as _saved_* (the attention mask's bytes),
     # the same in every row: the two must agree on what a label saves, and be within a KiB overall.
     assert 0 <= control_hooks - control_walk <= 1024
-    for fields in (RecomputeFields.selective("layernorm"), RecomputeFields.selective("core_attn"),
-                   RecomputeFields.full()):
+    for fields in (
+        RecomputeFields.selective("layernorm"),
+        RecomputeFields.selective("core_attn"),
+        RecomputeFields.full(),
+    ):
         hooks, walk = _both_counts(fields)
         assert control_hooks - hooks == pytest.approx(control_walk - walk, abs=1024), fields.name
         assert hooks < control_hooks

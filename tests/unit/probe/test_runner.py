@@ -17,15 +17,27 @@ from harness.record.golden import golden_filename
 pytestmark = pytest.mark.slow
 
 # Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
-CHECKPOINT_LABELS = ("core_attn", "mlp", "moe", "shared_experts", "mla_up_proj", "full-uniform-1", "full-block-1")
+CHECKPOINT_LABELS = (
+    "core_attn",
+    "mlp",
+    "moe",
+    "shared_experts",
+    "mla_up_proj",
+    "full-uniform-1",
+    "full-block-1",
+)
 
 
 @pytest.fixture(scope="module")
 def probes():
     from harness.probe.plan import plan_rows
 
-    assert any(row.may_hang for row in plan_rows())  # the deadlock row exists; probe/test_isolate.py runs it
-    results = probe_models(list(STYLE_MODELS), hang_probe=False)  # probe/test_isolate.py runs that row
+    assert any(
+        row.may_hang for row in plan_rows()
+    )  # the deadlock row exists; probe/test_isolate.py runs it
+    results = probe_models(
+        list(STYLE_MODELS), hang_probe=False
+    )  # probe/test_isolate.py runs that row
     return {probe.model: probe for probe in results}
 
 
@@ -74,7 +86,11 @@ def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes
     path, _ = write_probe_golden(probe, tmp_path)
     golden = json.loads(path.read_text())
     # As written by an older MCore, whether this one is pinned by a version or by a commit.
-    golden["pins"]["megatron_core"] = {"version": "0.0.1", "commit": None, "fingerprint": "0000000000000000"}
+    golden["pins"]["megatron_core"] = {
+        "version": "0.0.1",
+        "commit": None,
+        "fingerprint": "0000000000000000",
+    }
     next(row for row in golden["rows"] if row["label"] == "moe")["values"]["backward_flops"] += 1
     older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
@@ -104,7 +120,10 @@ def test_checkpoint_labels_are_bitwise_equal_with_and_without_dropout(probes):
     for probe in probes.values():
         for label, row in rows_of(probe).items():
             if label in CHECKPOINT_LABELS and row.measured:
-                assert row.equivalence.bitwise and row.dropout_equivalence.bitwise, (probe.model, label)
+                assert row.equivalence.bitwise and row.dropout_equivalence.bitwise, (
+                    probe.model,
+                    label,
+                )
 
 
 def test_labels_that_do_nothing_are_reported_inactive(probes):
@@ -119,7 +138,10 @@ def test_moe_act_without_te_is_requires_te_not_hidden(probes):
     assert row.status == "requires-TE"
     assert "TEGroupedMLP" in row.reason and "SequentialMLP" in row.reason
     control = probes["moonlight-tiny"].control
-    assert row.retained_bytes == control.retained_bytes and row.backward_flops == control.backward_flops
+    assert (
+        row.retained_bytes == control.retained_bytes
+        and row.backward_flops == control.backward_flops
+    )
 
 
 def test_rejections_carry_the_matrix_rule(probes):
@@ -163,9 +185,16 @@ def test_carried_memory_names_the_moe_dispatcher_under_reentrant_recompute(probe
         hidden = [probe.seq_length, probe.micro_batch_size, 64]
         for label in ("moe", "full-uniform-1"):
             extra = rows[label].carried_bytes - probe.control.carried_bytes
-            leaves = [h for h in rows[label].carried_holders
-                      if h["holder"].endswith(("local_probs -> graph leaf", "local_probs -> graph leaf .grad"))]
-            assert list(leaves[0]["shape"]) == hidden and len(leaves) == 2 * 2  # two MoE layers in each model
+            leaves = [
+                h
+                for h in rows[label].carried_holders
+                if h["holder"].endswith(
+                    ("local_probs -> graph leaf", "local_probs -> graph leaf .grad")
+                )
+            ]
+            assert (
+                list(leaves[0]["shape"]) == hidden and len(leaves) == 2 * 2
+            )  # two MoE layers in each model
             assert extra == sum(h["nbytes"] for h in leaves) > 0
         assert not any("graph leaf" in h["holder"] for h in probe.control.carried_holders)
     dense = rows_of(probes["dense-tiny"])

@@ -60,7 +60,10 @@ def _run(fields: RecomputeFields, state: dict[str, Any], *, nested_norms: bool =
 
 def test_layernorm_row_differs_from_control_only_by_the_nested_backward_sum():
     init_cpu_parallel_state()
-    control_fields, layernorm_fields = RecomputeFields.selective(), RecomputeFields.selective("layernorm")
+    control_fields, layernorm_fields = (
+        RecomputeFields.selective(),
+        RecomputeFields.selective("layernorm"),
+    )
     with single_thread():
         state = build_model("dense-tiny", control_fields).module.state_dict()
         control = _run(control_fields, state)

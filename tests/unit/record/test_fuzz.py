@@ -6,20 +6,27 @@ import json
 import tempfile
 from pathlib import Path
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
+from record_samples import run_record
 
 from harness.errors import UsageError
 from harness.record.golden import validate_golden
+from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
 from harness.record.io import load_records, parse_json
 from harness.record.schema import validate_record
-from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
-from record_samples import run_record
 
 VALID = run_record("moe_act", record_id="fuzz").to_json()
 GOLDEN = json.loads(next(GOLDEN_DIR.glob("nemotron*.json")).read_text())
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=8,
 )
 
@@ -79,4 +86,6 @@ def test_mutated_records_validate_or_fail_cleanly(path, value, delete):
 
 @given(st.sampled_from(list(_paths(GOLDEN))), json_values, st.booleans())
 def test_mutated_goldens_validate_or_fail_cleanly(path, value, delete):
-    _only_usage_error(lambda g: validate_golden(g, "g"), _mutate(GOLDEN, path, value, delete and bool(path)))
+    _only_usage_error(
+        lambda g: validate_golden(g, "g"), _mutate(GOLDEN, path, value, delete and bool(path))
+    )

@@ -6,12 +6,12 @@ import copy
 import json
 
 import pytest
+from record_samples import PROVENANCE, REVISIONS, refresh, run_record
 
 from harness.compare.comparator import compare_records
 from harness.errors import UsageError
 from harness.record.golden import golden_from_records, load_golden, validate_golden
 from harness.testing import check_against_golden
-from record_samples import PROVENANCE, REVISIONS, refresh, run_record
 
 
 def test_golden_validation_refuses_nan_missing_pins_and_unruled_metrics(tmp_path):
@@ -21,7 +21,9 @@ def test_golden_validation_refuses_nan_missing_pins_and_unruled_metrics(tmp_path
     with pytest.raises(UsageError, match="finite number"):
         validate_golden(bad, "g")
     path = tmp_path / "g.json"
-    path.write_text(json.dumps(golden).replace('"step_time_ms": 400.0', '"step_time_ms": Infinity', 1))
+    path.write_text(
+        json.dumps(golden).replace('"step_time_ms": 400.0', '"step_time_ms": Infinity', 1)
+    )
     with pytest.raises(UsageError, match="Infinity"):
         load_golden(path)
     bad = copy.deepcopy(golden)
@@ -36,13 +38,31 @@ def test_golden_validation_refuses_nan_missing_pins_and_unruled_metrics(tmp_path
 
 def _probe(label: str, retained: int):
     from harness.config.fields import RecomputeFields
-    from harness.record.build import cpu_probe_metrics, hardware, new_record, outcome, parallelism, workload
+    from harness.record.build import (
+        cpu_probe_metrics,
+        hardware,
+        new_record,
+        outcome,
+        parallelism,
+        workload,
+    )
 
     return new_record(
-        "cpu-probe", revisions=REVISIONS, hardware=hardware("cpu", 0, host="h"),
-        workload=workload(recipe="cpu-probe-gpt", model="tiny-gpt", backend="cpu-probe", seq_length=8,
-                          micro_batch_size=1, global_batch_size=1, precision="fp32", attention_backend="local",
-                          train_iters=None, parallelism=parallelism()),
+        "cpu-probe",
+        revisions=REVISIONS,
+        hardware=hardware("cpu", 0, host="h"),
+        workload=workload(
+            recipe="cpu-probe-gpt",
+            model="tiny-gpt",
+            backend="cpu-probe",
+            seq_length=8,
+            micro_batch_size=1,
+            global_batch_size=1,
+            precision="fp32",
+            attention_backend="local",
+            train_iters=None,
+            parallelism=parallelism(),
+        ),
         recompute=RecomputeFields.selective(label),
         metrics=cpu_probe_metrics(retained_bytes=retained, backward_flops=1000, replay_bytes=64),
         outcome=outcome("completed"),
@@ -61,7 +81,9 @@ def test_cpu_probe_goldens_are_exact(tmp_path):
 
 
 def _mutated(path: str, value):
-    golden = golden_from_records([run_record(), run_record("layernorm", step_ms=450.0)], PROVENANCE).to_json()
+    golden = golden_from_records(
+        [run_record(), run_record("layernorm", step_ms=450.0)], PROVENANCE
+    ).to_json()
     *parents, last = path.split(".")
     target = golden
     for key in parents:
@@ -73,19 +95,22 @@ def _mutated(path: str, value):
     return golden
 
 
-@pytest.mark.parametrize("path, value, problem", [
-    ("kind", "banana", "not one of"),
-    ("surprise", 1, "unknown key"),
-    ("schema_version", True, "schema version"),
-    ("hardware.gpu_count", -1, ">= 0"),
-    ("rows.0.recompute", "garbage", "expected an object"),
-    ("rows.0.values.step_time_ms", -5.0, ">= 0"),
-    ("rows.0.outcome.phase", -1, "non-empty string"),
-    ("rows.0.values", {}, "missing"),  # an empty row would turn any record set into PASS
-    ("rows.0.values.step_time_ms", KeyError, "missing step_time_ms"),
-    ("rows.0.label", "layernorm", "contradicts its recompute fields"),
-    ("rows.1.values.bogus_metric", 1, "not a metric"),
-])
+@pytest.mark.parametrize(
+    "path, value, problem",
+    [
+        ("kind", "banana", "not one of"),
+        ("surprise", 1, "unknown key"),
+        ("schema_version", True, "schema version"),
+        ("hardware.gpu_count", -1, ">= 0"),
+        ("rows.0.recompute", "garbage", "expected an object"),
+        ("rows.0.values.step_time_ms", -5.0, ">= 0"),
+        ("rows.0.outcome.phase", -1, "non-empty string"),
+        ("rows.0.values", {}, "missing"),  # an empty row would turn any record set into PASS
+        ("rows.0.values.step_time_ms", KeyError, "missing step_time_ms"),
+        ("rows.0.label", "layernorm", "contradicts its recompute fields"),
+        ("rows.1.values.bogus_metric", 1, "not a metric"),
+    ],
+)
 def test_golden_loader_is_as_strict_as_the_record_loader(path, value, problem):
     with pytest.raises(UsageError, match=problem):
         validate_golden(_mutated(path, value), "g")
@@ -94,6 +119,8 @@ def test_golden_loader_is_as_strict_as_the_record_loader(path, value, problem):
 def test_the_same_configuration_twice_is_refused():
     golden = golden_from_records([run_record(), run_record("layernorm")], PROVENANCE).to_json()
     golden["rows"][1]["recompute"] = copy.deepcopy(golden["rows"][0]["recompute"])
-    golden["rows"][1]["label"] = golden["rows"][0]["label"]  # a label must name its fields: same fields, same label
+    golden["rows"][1]["label"] = golden["rows"][0][
+        "label"
+    ]  # a label must name its fields: same fields, same label
     with pytest.raises(UsageError, match="duplicated row"):
         validate_golden(golden, "g")

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from record_samples import REVISIONS, run_record, write_records
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.record.golden_dir import CHECKOUT_ROOT, ENV_VAR, golden_path_for, golden_root, newest_like, resolve_golden
+from harness.record.golden_dir import (
+    CHECKOUT_ROOT,
+    ENV_VAR,
+    golden_path_for,
+    golden_root,
+    newest_like,
+    resolve_golden,
+)
 from harness.record.io import write_record
-from record_samples import REVISIONS, run_record, write_records
 
 
 def test_option_then_environment_then_checkout(tmp_path, monkeypatch):
@@ -44,33 +51,73 @@ def test_refresh_and_compare_find_the_golden_through_the_environment(tmp_path, m
 
 def test_newest_like_prefers_the_same_file_then_the_newest_other_revision(tmp_path):
     root = tmp_path / "goldens"
-    assert main(["golden", "refresh", "--golden-dir", str(root), *write_records(tmp_path, run_record())]) == 0
+    assert (
+        main(
+            ["golden", "refresh", "--golden-dir", str(root), *write_records(tmp_path, run_record())]
+        )
+        == 0
+    )
     (first,) = root.glob("*.json")
     assert newest_like(first)[0] == first
     other = root / first.name.replace("mcore-", "mcore-other-", 1)
     assert newest_like(other)[0] == first
 
 
-
-def test_a_golden_pinned_by_commit_and_fingerprint_judges_a_wheel_and_a_submodule_of_those_sources(tmp_path, capsys):
+def test_a_golden_pinned_by_commit_and_fingerprint_judges_a_wheel_and_a_submodule_of_those_sources(
+    tmp_path, capsys
+):
     # The golden is named by the commit (a submodule checkout at that commit wrote it); a wheel of the
     # same sources carries no commit, so its records name another file, and are still judged by this one.
-    submodule = {**REVISIONS, "megatron_core": {"version": "0.19.2", "commit": "c" * 40, "fingerprint": "feedfacecafebeef"}}
+    submodule = {
+        **REVISIONS,
+        "megatron_core": {
+            "version": "0.19.2",
+            "commit": "c" * 40,
+            "fingerprint": "feedfacecafebeef",
+        },
+    }
     root = tmp_path / "goldens"
-    records = [run_record(revisions=submodule), run_record("moe_act", peak=29_000_000_000, revisions=submodule)]
-    assert main(["golden", "refresh", "--golden-dir", str(root), *write_records(tmp_path, *records)]) == 0
+    records = [
+        run_record(revisions=submodule),
+        run_record("moe_act", peak=29_000_000_000, revisions=submodule),
+    ]
+    assert (
+        main(["golden", "refresh", "--golden-dir", str(root), *write_records(tmp_path, *records)])
+        == 0
+    )
     (written,) = root.glob("*.json")
     assert "mcore-cccccccccccc" in written.name
-    wheel = [run_record(), run_record("moe_act", peak=29_000_000_000)]  # version + fingerprint, no commit
+    wheel = [
+        run_record(),
+        run_record("moe_act", peak=29_000_000_000),
+    ]  # version + fingerprint, no commit
     assert golden_path_for(wheel, root) != written and resolve_golden(wheel, root) == written
-    assert main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "wheel", *wheel)]) == 0
-    other_sources = {**REVISIONS, "megatron_core": {**REVISIONS["megatron_core"], "fingerprint": "0123456789abcdef"}}
-    edited = [run_record(revisions=other_sources), run_record("moe_act", peak=29_000_000_000, revisions=other_sources)]
-    assert resolve_golden(edited, root) == golden_path_for(edited, root) and not golden_path_for(edited, root).exists()
+    assert (
+        main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "wheel", *wheel)])
+        == 0
+    )
+    other_sources = {
+        **REVISIONS,
+        "megatron_core": {**REVISIONS["megatron_core"], "fingerprint": "0123456789abcdef"},
+    }
+    edited = [
+        run_record(revisions=other_sources),
+        run_record("moe_act", peak=29_000_000_000, revisions=other_sources),
+    ]
+    assert (
+        resolve_golden(edited, root) == golden_path_for(edited, root)
+        and not golden_path_for(edited, root).exists()
+    )
     capsys.readouterr()
-    assert main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "edited", *edited)]) == 2
+    assert (
+        main(["compare", "--golden-dir", str(root), *write_records(tmp_path / "edited", *edited)])
+        == 2
+    )
     refused = capsys.readouterr().err
-    assert "no golden" in refused and "megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef" in refused
+    assert (
+        "no golden" in refused
+        and "megatron_core.fingerprint feedfacecafebeef != 0123456789abcdef" in refused
+    )
 
 
 def test_a_golden_dir_that_does_not_exist_is_one_line_exit_2(tmp_path, capsys):
@@ -87,41 +134,85 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
     import sys
 
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--target", str(target), str(CHECKOUT_ROOT.parents[1])], check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(CHECKOUT_ROOT.parents[1]),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     shipped = target / "harness" / "data" / "golden"
-    assert not shipped.is_symlink()  # a real copy in the install, the checkout's tests/golden its source
-    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*.json")) == \
-        sorted(p.relative_to(CHECKOUT_ROOT) for p in CHECKOUT_ROOT.rglob("*.json"))
+    assert (
+        not shipped.is_symlink()
+    )  # a real copy in the install, the checkout's tests/golden its source
+    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*.json")) == sorted(
+        p.relative_to(CHECKOUT_ROOT) for p in CHECKOUT_ROOT.rglob("*.json")
+    )
     work = tmp_path / "work"
     work.mkdir()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(target)}
-    root = subprocess.run([sys.executable, "-c", "from harness.record.golden_dir import golden_root; print(golden_root())"],
-                          cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    root = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from harness.record.golden_dir import golden_root; print(golden_root())",
+        ],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert root.stdout.strip() == str(shipped), root.stderr
     records = write_records(tmp_path, run_record())
-    refused = subprocess.run([sys.executable, "-m", "harness.cli", "golden", "refresh", *records],
-                             cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    refused = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "golden", "refresh", *records],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "refusing to write into the goldens shipped with the package" in refused.stderr
-    assert sorted(p.name for p in shipped.glob("*.json")) == sorted(p.name for p in CHECKOUT_ROOT.glob("*.json"))
+    assert sorted(p.name for p in shipped.glob("*.json")) == sorted(
+        p.name for p in CHECKOUT_ROOT.glob("*.json")
+    )
     assert list(work.iterdir()) == []  # no ./tests/golden, nothing at all in the working directory
     # The same install registers the pytest plugin for any repo's test run (entry point pytest11).
     (entry_points,) = target.glob("recompute_harness-*.dist-info/entry_points.txt")
     assert "[pytest11]\nharness.pytest_plugin = harness.pytest_plugin" in entry_points.read_text()
 
 
-def test_refresh_json_and_a_dry_run_marked_as_such_in_the_step_summary(tmp_path, monkeypatch, capsys):
+def test_refresh_json_and_a_dry_run_marked_as_such_in_the_step_summary(
+    tmp_path, monkeypatch, capsys
+):
     import json
 
     summary = tmp_path / "summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     records = write_records(tmp_path, run_record())
-    assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "g"), "--dry-run", *records]) == 0
+    assert (
+        main(["golden", "refresh", "--golden-dir", str(tmp_path / "g"), "--dry-run", *records]) == 0
+    )
     assert "(dry run: nothing written)" in capsys.readouterr().out
     assert "### Golden refresh (dry run: nothing written)" in summary.read_text()
     assert not (tmp_path / "g").exists()
     assert main(["golden", "refresh", "--golden-dir", str(tmp_path / "g"), "--json", *records]) == 0
     (written,) = json.loads(capsys.readouterr().out)["goldens"]
     assert written["written"] and (tmp_path / "g" / written["path"].split("/")[-1]).is_file()
-    assert summary.read_text().count("### Golden refresh") == 1  # --json leaves the step summary alone
+    assert (
+        summary.read_text().count("### Golden refresh") == 1
+    )  # --json leaves the step summary alone

@@ -20,10 +20,16 @@ def test_label_change_reads_as_a_diff_naming_the_refresh_command(tmp_path):
     assert written
     manifest = json.loads(path.read_text())
     dropped = manifest["labels"].pop()
-    manifest["labels"].append("harness_retired_label")  # a label the pinned revision had and this one lacks
+    manifest["labels"].append(
+        "harness_retired_label"
+    )  # a label the pinned revision had and this one lacks
     path.write_text(json.dumps(manifest))
     problem = manifest_problem(tmp_path)
-    assert f"added: {dropped}" in problem and "removed: harness_retired_label" in problem and REFRESH_COMMAND in problem
+    assert (
+        f"added: {dropped}" in problem
+        and "removed: harness_retired_label" in problem
+        and REFRESH_COMMAND in problem
+    )
 
 
 def test_rewriting_an_unchanged_manifest_writes_nothing(tmp_path):
@@ -44,7 +50,10 @@ def test_new_fingerprint_is_compared_with_the_newest_manifest(tmp_path):
     path, _ = write_manifest(tmp_path)
     path.rename(path.parent / "0000000000000000.json")
     problem = manifest_problem(tmp_path)
-    assert "no label manifest for Megatron Core fingerprint" in problem and "labels unchanged" in problem
+    assert (
+        "no label manifest for Megatron Core fingerprint" in problem
+        and "labels unchanged" in problem
+    )
 
 
 def test_corrupt_manifest_is_a_usage_error(tmp_path):

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from record_samples import run_record
 
 from harness.record.golden import load_golden
 from harness.record.golden_dir import CHECKOUT_ROOT
 from harness.record.io import load_records, read_json
 from harness.record.model import Record
 from harness.record.seed import RECORDS_DIR
-from record_samples import run_record
 
 V1_RECORD_FILES = sorted(RECORDS_DIR.glob("seed-*.json"))
 V1_GOLDENS = sorted(CHECKOUT_ROOT.rglob("*.json"))
@@ -29,8 +29,11 @@ def test_committed_v1_records_round_trip_byte_for_byte(path: Path):
     assert _text([r.to_json() for r in load_records([path])]) == _text(original)
 
 
-@pytest.mark.parametrize("path", [p for p in V1_GOLDENS if not {"labels", "estimate"} & set(p.parts)],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path",
+    [p for p in V1_GOLDENS if not {"labels", "estimate"} & set(p.parts)],
+    ids=lambda p: p.name,
+)
 def test_committed_v1_goldens_round_trip_byte_for_byte(path: Path):
     assert path.read_text(encoding="utf-8") == _text(load_golden(path).to_json()) + "\n"
 

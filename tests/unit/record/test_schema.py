@@ -7,22 +7,28 @@ import json
 import math
 
 import pytest
+from record_samples import run_json, run_record
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.record.build import iteration_row, rank_peaks, run_metrics
 from harness.files import write_json_atomic
+from harness.record.build import iteration_row, rank_peaks, run_metrics
 from harness.record.io import load_records, write_record
 from harness.record.schema import SCHEMA_VERSION, validate_record
-from record_samples import run_json, run_record
 
 
 def test_constructor_computes_headline_from_hottest_rank_after_iteration_2():
     rows = [iteration_row(i, step_time_ms=100.0 * i, loss=1.0) for i in range(1, 5)]
-    ranks = [rank_peaks(0, {1: (10, 20), 2: (50, 60), 3: (70, 80), 4: (70, 80)}),
-             rank_peaks(1, {1: (15, 25), 2: (55, 65), 3: (99, 99), 4: (99, 99)})]
+    ranks = [
+        rank_peaks(0, {1: (10, 20), 2: (50, 60), 3: (70, 80), 4: (70, 80)}),
+        rank_peaks(1, {1: (15, 25), 2: (55, 65), 3: (99, 99), 4: (99, 99)}),
+    ]
     headline = run_metrics(rows, ranks, (3, 4)).headline
-    assert (headline["peak_allocated_bytes"], headline.peak_rank, headline["peak_after_iteration"]) == (55, 1, 2)
+    assert (
+        headline["peak_allocated_bytes"],
+        headline.peak_rank,
+        headline["peak_after_iteration"],
+    ) == (55, 1, 2)
     assert headline["peak_reserved_bytes"] == 65
     assert headline["step_time_ms"] == pytest.approx(350.0)
     # the run's peak: the hottest rank after the last iteration every rank reported
@@ -31,9 +37,14 @@ def test_constructor_computes_headline_from_hottest_rank_after_iteration_2():
 
 def test_a_run_peak_that_disagrees_with_the_ranks_is_refused(tmp_path):
     record = run_json(growth_after=4)
-    record["metrics"]["headline"]["run_peak_allocated_bytes"] = record["metrics"]["headline"]["peak_allocated_bytes"]
+    record["metrics"]["headline"]["run_peak_allocated_bytes"] = record["metrics"]["headline"][
+        "peak_allocated_bytes"
+    ]
     (tmp_path / "r.json").write_text(json.dumps(record))
-    with pytest.raises(UsageError, match="run_peak_allocated_bytes: 30000000000 is not what the per-rank peaks give"):
+    with pytest.raises(
+        UsageError,
+        match="run_peak_allocated_bytes: 30000000000 is not what the per-rank peaks give",
+    ):
         load_records([tmp_path])
 
 
@@ -43,7 +54,10 @@ def test_run_that_died_in_iteration_2_reports_the_last_common_iteration():
 
 
 def test_nan_loss_is_counted_and_never_written_as_nan(tmp_path):
-    rows = [iteration_row(1, step_time_ms=1.0, loss=math.nan), iteration_row(2, step_time_ms=1.0, loss=math.inf)]
+    rows = [
+        iteration_row(1, step_time_ms=1.0, loss=math.nan),
+        iteration_row(2, step_time_ms=1.0, loss=math.inf),
+    ]
     metrics = run_metrics(rows, [], (1, 2))
     assert metrics.nan_iterations == 2 and metrics.headline["step_time_ms"] is None
     assert all(row.loss is None for row in metrics.iterations)
@@ -141,7 +155,9 @@ def test_validator_names_the_path_of_the_problem():
         validate_record(record)
 
 
-@pytest.mark.parametrize("command", ["analyze", "compare --golden tests/golden/none.json", "select --target-gb 1"])
+@pytest.mark.parametrize(
+    "command", ["analyze", "compare --golden tests/golden/none.json", "select --target-gb 1"]
+)
 def test_cli_bad_record_is_one_line_exit_2(tmp_path, capsys, command):
     path = tmp_path / "r.json"
     path.write_text('{"schema": "recompute-harness/run-record", "schema_version": 1, ')

@@ -8,19 +8,26 @@ from pathlib import Path
 
 import pytest
 import yaml
+from mcore_checkout import git_head, mcore_checkout
 
 from harness.cli import main
 from harness.compare.analysis import analyse
 from harness.compare.selection import select
-from harness.errors import UsageError
-from harness.record.io import load_records
 from harness.config.revisions import collect_revisions
+from harness.errors import UsageError
 from harness.record.golden import load_golden
 from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
 from harness.record.golden_dir import near_misses, resolve_golden
-from harness.record.seed import DEFAULT_CARD, PROVENANCE_SOURCE, RECORDS_DIR, SOURCES_FILE, load_sources, write_seed
+from harness.record.io import load_records
+from harness.record.seed import (
+    DEFAULT_CARD,
+    PROVENANCE_SOURCE,
+    RECORDS_DIR,
+    SOURCES_FILE,
+    load_sources,
+    write_seed,
+)
 from harness.record.seed import main as seed_main
-from mcore_checkout import git_head, mcore_checkout
 
 CARD = yaml.safe_load(DEFAULT_CARD.read_text())
 STUDIES = {study["model"]: study for study in CARD["measured_results"]}
@@ -31,12 +38,18 @@ LLAMA = RECORDS_DIR / "seed-llama3-70b-sft-pr3107.json"
 
 def test_committed_seed_files_are_exactly_what_the_transcription_writes(tmp_path):
     (tmp_path / "records").mkdir()
-    shutil.copy(RECORDS_DIR / SOURCES_FILE, tmp_path / "records")  # derived once from the card's commit
+    shutil.copy(
+        RECORDS_DIR / SOURCES_FILE, tmp_path / "records"
+    )  # derived once from the card's commit
     written = write_seed(DEFAULT_CARD, tmp_path / "records", tmp_path / "golden")
     for path in written:
         committed = (RECORDS_DIR if path.parent.name == "records" else GOLDEN_DIR) / path.name
-        assert committed.read_text() == path.read_text(), f"{committed} is stale: run python -m harness.record.seed"
-    assert len(written) == 5  # three record sets, two goldens (the Llama rows carry no revision pins)
+        assert committed.read_text() == path.read_text(), (
+            f"{committed} is stale: run python -m harness.record.seed"
+        )
+    assert (
+        len(written) == 5
+    )  # three record sets, two goldens (the Llama rows carry no revision pins)
 
 
 def test_seed_goldens_carry_the_derived_sources_of_their_commit_and_judge_a_wheel_of_them():
@@ -47,17 +60,40 @@ def test_seed_goldens_carry_the_derived_sources_of_their_commit_and_judge_a_whee
         mcore = golden.pins["megatron_core"]
         assert {key: mcore[key] for key in ("version", "fingerprint")} == sources[mcore["commit"]]
     # The same sources installed without a commit (a wheel, a copied tree): judged by the seed golden.
-    wheel = [replace(record, revisions=replace(record.revisions, megatron_core=replace(
-        record.revisions.megatron_core, commit=None))) for record in load_records([MOONLIGHT])]
-    assert resolve_golden(wheel, GOLDEN_DIR).name.startswith("moonlight-full-8gpu__H100_80GBx8__mcore-24bad8e677d2")
+    wheel = [
+        replace(
+            record,
+            revisions=replace(
+                record.revisions, megatron_core=replace(record.revisions.megatron_core, commit=None)
+            ),
+        )
+        for record in load_records([MOONLIGHT])
+    ]
+    assert resolve_golden(wheel, GOLDEN_DIR).name.startswith(
+        "moonlight-full-8gpu__H100_80GBx8__mcore-24bad8e677d2"
+    )
     # The installed 0.19.2 is other sources (8 of its 21 recompute files differ): no golden judges it.
     installed = collect_revisions()["megatron_core"]
-    other = [replace(record, revisions=replace(record.revisions, megatron_core=replace(
-        record.revisions.megatron_core, commit=None, version=installed["version"],
-        fingerprint=installed["fingerprint"]))) for record in load_records([MOONLIGHT])]
+    other = [
+        replace(
+            record,
+            revisions=replace(
+                record.revisions,
+                megatron_core=replace(
+                    record.revisions.megatron_core,
+                    commit=None,
+                    version=installed["version"],
+                    fingerprint=installed["fingerprint"],
+                ),
+            ),
+        )
+        for record in load_records([MOONLIGHT])
+    ]
     assert not resolve_golden(other, GOLDEN_DIR).exists()
-    assert f"fingerprint {sources[goldens[0].pins['megatron_core']['commit']]['fingerprint']} != " \
+    assert (
+        f"fingerprint {sources[goldens[0].pins['megatron_core']['commit']]['fingerprint']} != "
         f"{installed['fingerprint']}" in near_misses(other, resolve_golden(other, GOLDEN_DIR))
+    )
 
 
 def _card_pinned_to(tmp_path, commit: str) -> Path:
@@ -76,26 +112,73 @@ def test_derived_sources_come_from_a_clean_checkout_at_the_pinned_commit(tmp_pat
     records_dir, golden_dir = tmp_path / "records", tmp_path / "golden"
     records_dir.mkdir()
     # The real card pins 24bad8e6, not this tree: refused in one line, nothing written.
-    assert seed_main(["--records-dir", str(records_dir), "--golden-dir", str(golden_dir), "--mcore-tree", str(repo)]) == 2
+    assert (
+        seed_main(
+            [
+                "--records-dir",
+                str(records_dir),
+                "--golden-dir",
+                str(golden_dir),
+                "--mcore-tree",
+                str(repo),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"at commit {commit}, which no card study pins" in err
     assert not any(records_dir.iterdir()) and not golden_dir.exists()
     card = _card_pinned_to(tmp_path, commit)
-    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--golden-dir", str(golden_dir),
-                      "--mcore-tree", str(repo)]) == 0
+    assert (
+        seed_main(
+            [
+                "--card",
+                str(card),
+                "--records-dir",
+                str(records_dir),
+                "--golden-dir",
+                str(golden_dir),
+                "--mcore-tree",
+                str(repo),
+            ]
+        )
+        == 0
+    )
     installed = collect_revisions()["megatron_core"]
-    assert load_sources(records_dir) == {commit: {"version": installed["version"], "fingerprint": installed["fingerprint"]}}
+    assert load_sources(records_dir) == {
+        commit: {"version": installed["version"], "fingerprint": installed["fingerprint"]}
+    }
     (golden_path,) = golden_dir.glob("moonlight-*.json")
-    assert load_golden(golden_path).pins["megatron_core"] == {"version": installed["version"], "commit": commit,
-                                                             "fingerprint": installed["fingerprint"]}
+    assert load_golden(golden_path).pins["megatron_core"] == {
+        "version": installed["version"],
+        "commit": commit,
+        "fingerprint": installed["fingerprint"],
+    }
     # Without the tree, the derivation on disk reproduces the pins; an edited tree is refused.
     before = golden_path.read_text()
-    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--golden-dir", str(golden_dir)]) == 0
+    assert (
+        seed_main(
+            [
+                "--card",
+                str(card),
+                "--records-dir",
+                str(records_dir),
+                "--golden-dir",
+                str(golden_dir),
+            ]
+        )
+        == 0
+    )
     assert golden_path.read_text() == before
     config = repo / "megatron" / "core" / "transformer" / "transformer_config.py"
     config.write_text(config.read_text() + "\n# local edit\n")
     capsys.readouterr()
-    assert seed_main(["--card", str(card), "--records-dir", str(records_dir), "--mcore-tree", str(repo)]) == 2
+    assert (
+        seed_main(
+            ["--card", str(card), "--records-dir", str(records_dir), "--mcore-tree", str(repo)]
+        )
+        == 2
+    )
     assert "has local changes" in capsys.readouterr().err
 
 
@@ -103,15 +186,24 @@ def test_rows_pins_and_provenance():
     moonlight, nemotron, llama = (load_records([p]) for p in (MOONLIGHT, NEMOTRON, LLAMA))
     assert [len(moonlight), len(nemotron), len(llama)] == [6, 6, 4]
     for record in moonlight + nemotron:
-        assert record.revisions.megatron_core.commit == STUDIES[record.workload.model]["revisions"]["megatron_core"]
-        assert record.revisions.megatron_bridge.commit == STUDIES[record.workload.model]["revisions"]["bridge"]
+        assert (
+            record.revisions.megatron_core.commit
+            == STUDIES[record.workload.model]["revisions"]["megatron_core"]
+        )
+        assert (
+            record.revisions.megatron_bridge.commit
+            == STUDIES[record.workload.model]["revisions"]["bridge"]
+        )
     assert all(r.provenance["source"] == PROVENANCE_SOURCE for r in moonlight + nemotron + llama)
     ooms = [r for r in nemotron if r.outcome.status == "oom"]
     assert len(ooms) == 4 and all(r.outcome.iteration in (1, 2) and r.outcome.site for r in ooms)
 
 
 def test_peaks_are_the_card_values_in_bytes():
-    for path, study in ((MOONLIGHT, STUDIES["Moonlight 16B"]), (NEMOTRON, STUDIES["Nemotron 3 Nano"])):
+    for path, study in (
+        (MOONLIGHT, STUDIES["Moonlight 16B"]),
+        (NEMOTRON, STUDIES["Nemotron 3 Nano"]),
+    ):
         by_row = {r.provenance["row"]: r for r in load_records([path])}
         for row in study["experiments"]:
             peak = row.get("peak_mem_gb", row.get("peak_mem_gb_after_iteration_1"))
@@ -121,7 +213,9 @@ def test_peaks_are_the_card_values_in_bytes():
 
 def test_moonlight_analysis_reaches_the_skill_conclusion_and_the_card_percentages():
     analysis = analyse(load_records([MOONLIGHT]))
-    ranked = [row.label for row in sorted((r for r in analysis.rows if r.rank), key=lambda r: r.rank)]
+    ranked = [
+        row.label for row in sorted((r for r in analysis.rows if r.rank), key=lambda r: r.rank)
+    ]
     assert ranked == ["moe_act", "mla_up_proj"]
     rows = {row.label: row for row in analysis.rows}
     assert rows["core_attn"].rank is None and "no material" in rows["core_attn"].note
@@ -137,14 +231,27 @@ def test_nemotron_analysis_whole_moe_passes_first_and_moe_act_advanced_but_faile
     rows = {row.label: row for row in analysis.rows}
     assert rows["moe"].rank == 1 and rows["moe+layernorm"].rank == 2
     assert rows["moe_act"].verdict == "advanced-but-failed"
-    card_moe_act = next(e for e in STUDIES["Nemotron 3 Nano"]["experiments"] if e["name"] == "moe_act")
-    assert round(rows["moe_act"].allocated_vs_control_pct, 2) == card_moe_act["peak_mem_vs_control_pct_at_iteration_1"]
+    card_moe_act = next(
+        e for e in STUDIES["Nemotron 3 Nano"]["experiments"] if e["name"] == "moe_act"
+    )
+    assert (
+        round(rows["moe_act"].allocated_vs_control_pct, 2)
+        == card_moe_act["peak_mem_vs_control_pct_at_iteration_1"]
+    )
     assert {rows["core_attn"].verdict, rows["layernorm+moe_act"].verdict} == {"failed"}
     assert not any(row.verdict == "pass" for row in analysis.rows if row.status != "completed")
-    extra = next(e for e in STUDIES["Nemotron 3 Nano"]["experiments"] if e["name"] == "moe_plus_layernorm")
+    extra = next(
+        e for e in STUDIES["Nemotron 3 Nano"]["experiments"] if e["name"] == "moe_plus_layernorm"
+    )
     moe, both = rows["moe"], rows["moe+layernorm"]
-    assert round((both.peak_allocated_gb - moe.peak_allocated_gb) / moe.peak_allocated_gb * 100, 2) == extra["peak_mem_vs_moe_pct"]
-    assert round((both.step_time_ms - moe.step_time_ms) / moe.step_time_ms * 100, 2) == extra["step_time_vs_moe_pct"]
+    assert (
+        round((both.peak_allocated_gb - moe.peak_allocated_gb) / moe.peak_allocated_gb * 100, 2)
+        == extra["peak_mem_vs_moe_pct"]
+    )
+    assert (
+        round((both.step_time_ms - moe.step_time_ms) / moe.step_time_ms * 100, 2)
+        == extra["step_time_vs_moe_pct"]
+    )
 
 
 def test_llama_rows_cannot_be_ranked_without_a_matched_control(capsys):
@@ -159,10 +266,16 @@ def test_studies_together_are_refused_and_told_why(capsys):
     assert "not a matched set" in err and "model" in err and "parallelism.tp" in err
 
 
-@pytest.mark.parametrize(("path", "target", "expected"), [
-    (MOONLIGHT, 40.0, "[]"), (MOONLIGHT, 36.0, "moe_act"), (MOONLIGHT, 35.92, "mla_up_proj"),
-    (NEMOTRON, 65.0, "moe"), (NEMOTRON, 64.0, "moe+layernorm"),
-])
+@pytest.mark.parametrize(
+    ("path", "target", "expected"),
+    [
+        (MOONLIGHT, 40.0, "[]"),
+        (MOONLIGHT, 36.0, "moe_act"),
+        (MOONLIGHT, 35.92, "mla_up_proj"),
+        (NEMOTRON, 65.0, "moe"),
+        (NEMOTRON, 64.0, "moe+layernorm"),
+    ],
+)
 def test_select_cheapest_completed_row_under_target(path, target, expected):
     assert select(load_records([path]), target).chosen == expected
 

@@ -25,7 +25,9 @@ def test_markdown_goes_to_terminal_and_step_summary(tmp_path, monkeypatch, capsy
 
 def test_json_report_is_strict_json(capsys):
     assert main(["analyze", NEMOTRON, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
+    data = json.loads(
+        capsys.readouterr().out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c))
+    )
     verdicts = {row["label"]: row["verdict"] for row in data["rows"]}
     assert verdicts["moe_act"] == "advanced-but-failed" and verdicts["[]"] == "control"
     assert main(["select", "--target-gb", "36", MOONLIGHT, "--json"]) == 0
@@ -50,7 +52,9 @@ def test_the_plot_footnote_names_what_the_table_leaves_unranked():
     with tempfile.TemporaryDirectory() as directory:
         left_out = plot_analysis(analysis, Path(directory) / "p.png")
     notes = {row.label: row.note or row.stage for row in analysis.rows}
-    assert left_out and all(f"{label} ({notes[label]})" in left_out for label in ("moe", "core_attn"))
+    assert left_out and all(
+        f"{label} ({notes[label]})" in left_out for label in ("moe", "core_attn")
+    )
 
 
 def test_nothing_to_plot_is_one_line_and_no_file(tmp_path, capsys):
@@ -77,9 +81,31 @@ def test_golden_check_properties_land_in_junit_xml(tmp_path):
         f"    check_against_golden(load_records([{MOONLIGHT!r}]), {str(GOLDEN_DIR)!r}, record_property)\n"
     )
     junit = tmp_path / "junit.xml"
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-p", "no:hypothesispytest",
-                             f"--junitxml={junit}", "--rootdir", str(tmp_path), str(test_file)],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            "-p",
+            "no:hypothesispytest",
+            f"--junitxml={junit}",
+            "--rootdir",
+            str(tmp_path),
+            str(test_file),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
-    assert properties["golden.moe_act.step_time_cost_pct"].startswith("pass: golden=+1.99% actual=+1.99%")
+    assert properties["golden.moe_act.step_time_cost_pct"].startswith(
+        "pass: golden=+1.99% actual=+1.99%"
+    )

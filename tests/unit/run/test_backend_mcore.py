@@ -13,7 +13,10 @@ from harness.run.backend_mcore import build
 from harness.run.instrument import Instrument
 from harness.run.recipes import Recipe, load_recipe
 
-HOST_READS = {"_local_scalar_dense", "_to_copy"}  # .item(), and a copy off the device (.tolist() on GPU)
+HOST_READS = {
+    "_local_scalar_dense",
+    "_to_copy",
+}  # .item(), and a copy off the device (.tolist() on GPU)
 
 
 class OpCounter(TorchDispatchMode):
@@ -47,7 +50,9 @@ def test_the_causal_mask_is_built_once(training):
     ops = _count(lambda: model.batch(seed=2))
     assert ops["triu"] == 0 and model.batch(seed=3)["attention_mask"] is first["attention_mask"]
     assert first["attention_mask"].shape == (1, 1, model.seq_length, model.seq_length)
-    assert bool(first["attention_mask"][0, 0, 0, 1]) and not bool(first["attention_mask"][0, 0, 1, 0])
+    assert bool(first["attention_mask"][0, 0, 0, 1]) and not bool(
+        first["attention_mask"][0, 0, 1, 0]
+    )
 
 
 def test_the_step_reads_its_loss_on_the_host_once(training):
@@ -55,8 +60,14 @@ def test_the_step_reads_its_loss_on_the_host_once(training):
     assert step.micro_batches == 2
     step.step(1, instrument)  # builds the optimizer and its state
     model_only = _count(lambda: step.model.loss(step.model.batch(seed=5)).backward())
-    optimizer_only = _count(step.optimizer.step)  # AdamW reads its step counters on the host: not ours
+    optimizer_only = _count(
+        step.optimizer.step
+    )  # AdamW reads its step counters on the host: not ours
     step.optimizer.zero_grad(set_to_none=True)
     step_ops = _count(lambda: step.step(2, instrument))
-    own_reads = sum(step_ops[op] - step.micro_batches * model_only[op] - optimizer_only[op] for op in HOST_READS)
-    assert own_reads <= 1, {op: (step_ops[op], model_only[op], optimizer_only[op]) for op in HOST_READS}
+    own_reads = sum(
+        step_ops[op] - step.micro_batches * model_only[op] - optimizer_only[op] for op in HOST_READS
+    )
+    assert own_reads <= 1, {
+        op: (step_ops[op], model_only[op], optimizer_only[op]) for op in HOST_READS
+    }

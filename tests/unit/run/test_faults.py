@@ -10,28 +10,39 @@ import pytest
 
 from harness.record.io import load_records
 from harness.run.faults import parse_fault
-from harness.run.torchrun import processes_with_token
 from harness.run.recipes import Parallelism, check_recipe, load_recipe
 from harness.run.runner import run_sweep
+from harness.run.torchrun import processes_with_token
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("spec, status, iteration, phase, rank", [
-    ("oom:iteration=2,phase=backward,rank=1", "oom", 2, "backward", 1),
-    ("nan:iteration=2,rank=0", "nan", 2, "forward", 0),
-    ("hang:iteration=1,phase=grad-sync,rank=1", "hang", 1, "grad-sync", 1),
-])
-def test_injected_fault_is_classified_with_its_stage(tmp_path, spec, status, iteration, phase, rank):
+@pytest.mark.parametrize(
+    "spec, status, iteration, phase, rank",
+    [
+        ("oom:iteration=2,phase=backward,rank=1", "oom", 2, "backward", 1),
+        ("nan:iteration=2,rank=0", "nan", 2, "forward", 0),
+        ("hang:iteration=1,phase=grad-sync,rank=1", "hang", 1, "grad-sync", 1),
+    ],
+)
+def test_injected_fault_is_classified_with_its_stage(
+    tmp_path, spec, status, iteration, phase, rank
+):
     recipe = load_recipe("cpu-moonlight-ep2")
     # 3 s without progress once every rank trains: only the hang case waits for it.
-    directory, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=3)
+    directory, (result,) = run_sweep(
+        recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=3
+    )
     outcome = result.outcome
-    assert (outcome.status, outcome.iteration, outcome.phase) == (status, iteration, phase), outcome.message
+    assert (outcome.status, outcome.iteration, outcome.phase) == (status, iteration, phase), (
+        outcome.message
+    )
     assert rank in outcome.ranks
     (record,) = load_records([directory / "records"])
     assert record.outcome.status == status and record.outcome.phase == phase
-    assert (record.run_metrics.nan_iterations > 0) == (status == "nan")  # the count matches the outcome
+    assert (record.run_metrics.nan_iterations > 0) == (
+        status == "nan"
+    )  # the count matches the outcome
     assert processes_with_token(result.launch.token) == []
     if status == "hang":
         assert result.launch.stopped == "stall"
@@ -45,24 +56,44 @@ def test_injected_fault_is_classified_with_its_stage(tmp_path, spec, status, ite
 def test_a_fault_that_never_fires_fails_its_row(tmp_path):
     # mcore's iteration 1 builds the optimizer (optimizer-init): an optimizer-step fault there never fires.
     # No peer is needed to show it: one rank (EP1) spares the tier a rank's start-up.
-    recipe = dataclasses.replace(load_recipe("cpu-moonlight-ep2"), nproc_per_node=1, parallelism=Parallelism())
+    recipe = dataclasses.replace(
+        load_recipe("cpu-moonlight-ep2"), nproc_per_node=1, parallelism=Parallelism()
+    )
     check_recipe(recipe)
-    _, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault("oom:iteration=1,phase=optimizer-step")])
+    _, (result,) = run_sweep(
+        recipe, tmp_path, rows=[], faults=[parse_fault("oom:iteration=1,phase=optimizer-step")]
+    )
     assert result.outcome.status == "crash"
     assert "never fired" in result.outcome.message and result.record.outcome.status == "crash"
 
 
-@pytest.mark.parametrize("spec, phase", [
-    ("kill:iteration=2,phase=backward,rank=1", "backward"),  # SIGKILL: no error line, no error file
-    ("exit:iteration=2,phase=forward,rank=1", "forward"),  # exit 0 without reporting
-])
+@pytest.mark.parametrize(
+    "spec, phase",
+    [
+        (
+            "kill:iteration=2,phase=backward,rank=1",
+            "backward",
+        ),  # SIGKILL: no error line, no error file
+        ("exit:iteration=2,phase=forward,rank=1", "forward"),  # exit 0 without reporting
+    ],
+)
 def test_the_rank_that_died_first_is_blamed_not_its_peer(tmp_path, spec, phase):
     recipe = load_recipe("cpu-moonlight-ep2")
-    directory, (result,) = run_sweep(recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=6)
+    directory, (result,) = run_sweep(
+        recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=6
+    )
     outcome = result.outcome
-    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == ("crash", 2, phase, (1,)), outcome.message
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == (
+        "crash",
+        2,
+        phase,
+        (1,),
+    ), outcome.message
     (record,) = load_records([directory / "records"])
     assert record.outcome.ranks == [1]
     assert processes_with_token(result.launch.token) == []
-    assert outcome.message.startswith("rank(s) [1] died at") and "collateral: rank(s) [0]" in outcome.message
+    assert (
+        outcome.message.startswith("rank(s) [1] died at")
+        and "collateral: rank(s) [0]" in outcome.message
+    )
     assert result.launch.stopped in ("died", None)  # seen by the runner, or by torchrun first

@@ -20,9 +20,25 @@ pytestmark = pytest.mark.slow
 
 
 def _start_sweep(out: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--recipe", "cpu-moonlight-ep2",
-                             "--rows", "[]", "--out", str(out), "--stall-timeout", "120"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "run",
+            "--recipe",
+            "cpu-moonlight-ep2",
+            "--rows",
+            "[]",
+            "--out",
+            str(out),
+            "--stall-timeout",
+            "120",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _training_pids(out: Path, runner: subprocess.Popen) -> list[int]:
@@ -34,7 +50,9 @@ def _training_pids(out: Path, runner: subprocess.Popen) -> list[int]:
         if len(ranks) == 2 and all(rank.iterations for rank in ranks):
             return [rank.pid for rank in ranks]
         time.sleep(0.2)
-    pytest.fail(f"the sweep never trained: {runner.stderr.read().decode() if runner.poll() is not None else 'timeout'}")
+    pytest.fail(
+        f"the sweep never trained: {runner.stderr.read().decode() if runner.poll() is not None else 'timeout'}"
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -53,7 +71,11 @@ def test_sighup_records_the_running_row_as_interrupted_and_stops_its_processes(t
     assert not any(_alive(pid) for pid in pids)
     (sweep,) = tmp_path.iterdir()
     (record,) = load_records([sweep / "records"])
-    assert record.outcome.status == "interrupted" and record.outcome.iteration >= 1 and record.outcome.ranks
+    assert (
+        record.outcome.status == "interrupted"
+        and record.outcome.iteration >= 1
+        and record.outcome.ranks
+    )
     marker = json.loads((sweep / "INTERRUPTED.json").read_text())
     assert marker["row"] == "[]" and marker["reason"] == "SIGHUP (exit 129)"
     assert "stopped by SIGHUP (exit 129)" in record.outcome.message
@@ -73,5 +95,9 @@ def test_a_sigkilled_runners_workers_exit_within_seconds(tmp_path):
     assert leftover == []
     # No marker could be written, but the plan tells every reader that the sweep is incomplete.
     (sweep,) = tmp_path.iterdir()
-    assert unmeasured_rows([tmp_path]) == [f"{sweep}: incomplete sweep: no record for row(s) [] of the 1 planned "
-                                           "(its runner was stopped, killed or could not write)"]
+    assert unmeasured_rows([tmp_path]) == [
+        (
+            f"{sweep}: incomplete sweep: no record for row(s) [] of the 1 planned "
+            "(its runner was stopped, killed or could not write)"
+        )
+    ]

@@ -9,7 +9,9 @@ from harness.errors import UsageError
 from harness.run.preflight import check_bridge_rows
 from harness.run.recipes import importable, load_recipe
 
-pytestmark = pytest.mark.skipif(importable("megatron.bridge"), reason="Megatron Bridge is installed here")
+pytestmark = pytest.mark.skipif(
+    importable("megatron.bridge"), reason="Megatron Bridge is installed here"
+)
 
 
 def test_a_child_that_cannot_run_refuses_the_sweep_in_one_line():

@@ -16,9 +16,9 @@ from harness.compare.comparator import compare_records
 from harness.errors import UsageError
 from harness.record.golden import golden_from_records
 from harness.record.io import load_records
-from harness.run.torchrun import processes_with_token
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
+from harness.run.torchrun import processes_with_token
 
 pytestmark = pytest.mark.slow
 
@@ -32,20 +32,30 @@ def ep2_sweep(tmp_path_factory):
 
 
 def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
-    recipe, directory, results, elapsed = ep2_sweep
+    recipe, _directory, results, elapsed = ep2_sweep
     print(f"cpu-moonlight-ep2 sweep: {len(results)} rows in {elapsed:.1f} s")
     assert [r.row for r in results] == ["[]", "mla_up_proj"]
     for result in results:
         assert result.outcome.status == "completed", result.outcome.message
         record = result.record
-        assert record.workload.parallelism.to_json() == {"tp": 1, "pp": 1, "cp": 1, "ep": 2, "dp": 2, "expert_dp": 1, "vpp": None}
+        assert record.workload.parallelism.to_json() == {
+            "tp": 1,
+            "pp": 1,
+            "cp": 1,
+            "ep": 2,
+            "dp": 2,
+            "expert_dp": 1,
+            "vpp": None,
+        }
         iterations = record.run_metrics.iterations
         assert [row.iteration for row in iterations] == list(range(1, recipe.train_iters + 1))
         assert all(math.isfinite(row.loss) and row.step_time_ms > 0 for row in iterations)
         # CPU: no allocator peak is invented; the record says why.
         assert record.run_metrics.ranks == [] and record.headline.peak_scope == "unreported"
         assert "no caching-allocator peak" in record.workload.extra["device_memory"]
-        assert record.workload.extra["torch_compile"] == "disabled"  # CPU workers run compiled helpers eagerly
+        assert (
+            record.workload.extra["torch_compile"] == "disabled"
+        )  # CPU workers run compiled helpers eagerly
         for rank in (0, 1):
             assert (result.row_dir / "events" / f"rank{rank}.jsonl").stat().st_size > 0
             logs = list(result.row_dir.glob(f"torchrun/node0/*/attempt_0/{rank}/stderr.log"))
@@ -57,11 +67,14 @@ def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
 
 
 def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
-    _, directory, results, _ = ep2_sweep
+    _, directory, _results, _ = ep2_sweep
     records = load_records([directory / "records"])
     assert len(records) == 2
     analysis = analyse(records)
-    assert analysis.control == "[]" and {row.verdict for row in analysis.rows} == {"control", "pass"}
+    assert analysis.control == "[]" and {row.verdict for row in analysis.rows} == {
+        "control",
+        "pass",
+    }
     # A CPU sweep has no device peaks: the plot shows the step-time cost it does have.
     from harness.report.plot import nothing_to_plot, plot_analysis
 
@@ -74,17 +87,23 @@ def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
     assert not compare_records(golden, [records[0], regressed], "golden.json").passed
 
 
-def test_the_report_comes_first_when_its_plot_cannot_be_drawn_or_written(ep2_sweep, tmp_path, capsys):
+def test_the_report_comes_first_when_its_plot_cannot_be_drawn_or_written(
+    ep2_sweep, tmp_path, capsys
+):
     from harness.commands.run import _report
 
     _, _, results, _ = ep2_sweep
-    (tmp_path / "analysis.png").mkdir()  # a write that fails, as on a disk that filled as the sweep ended
+    (
+        tmp_path / "analysis.png"
+    ).mkdir()  # a write that fails, as on a disk that filled as the sweep ended
     with pytest.raises(UsageError, match="is a directory"):
         _report(tmp_path, results, as_json=False)
     out = capsys.readouterr().out
     assert out.startswith(f"records: {tmp_path / 'records'}\n") and "| mla_up_proj |" in out
     assert out.rstrip().endswith("plot: none (could not be written)")
-    _report(tmp_path / "control-only", results[:1], as_json=True)  # nothing to compare the control with
+    _report(
+        tmp_path / "control-only", results[:1], as_json=True
+    )  # nothing to compare the control with
     report = json.loads(capsys.readouterr().out)
     assert report["plot"] is None and [row["row"] for row in report["rows"]] == ["[]"]
     assert not (tmp_path / "control-only").exists()
@@ -95,7 +114,10 @@ def test_two_node_rendezvous_on_localhost(tmp_path):
     _, results = run_sweep(recipe, tmp_path)
     (result,) = results
     assert result.outcome.status == "completed", result.outcome.message
-    assert sorted(p.name for p in result.row_dir.glob("launcher*.log")) == ["launcher0.log", "launcher1.log"]
+    assert sorted(p.name for p in result.row_dir.glob("launcher*.log")) == [
+        "launcher0.log",
+        "launcher1.log",
+    ]
     for node in (0, 1):  # each node's torchrun kept its one rank's logs
         assert len(list(result.row_dir.glob(f"torchrun/node{node}/*/attempt_0/0/stdout.log"))) == 1
     assert result.record.workload.extra["nnodes"] == "2"

@@ -21,10 +21,14 @@ def test_sigterm_to_the_runner_stops_the_launched_process_group(tmp_path):
         "with stop_signals_as_exit():\n"
         f"    run_row(Path({str(tmp_path)!r}), [['sleep', '300']], world_size=1, timeout_s=300, stall_timeout_s=300)\n"
     )
-    runner = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker})
+    runner = subprocess.Popen(
+        [sys.executable, "-c", script], env={**os.environ, MARKER_ENV: marker}
+    )
     try:
         deadline = time.monotonic() + 30
-        while len(processes_with_env(MARKER_ENV, marker)) < 2 and time.monotonic() < deadline:  # the runner and its `sleep`
+        while (
+            len(processes_with_env(MARKER_ENV, marker)) < 2 and time.monotonic() < deadline
+        ):  # the runner and its `sleep`
             time.sleep(0.1)
         assert len(processes_with_env(MARKER_ENV, marker)) == 2
         runner.send_signal(signal.SIGTERM)
