@@ -8,14 +8,15 @@ import pytest
 from record_samples import REVISIONS, refresh, run_json, run_record, write_records
 
 from harness.cli import main
-from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import golden_values as golden_values_of
-from harness.record.golden import load_golden, validate_golden
-from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.golden.format import golden_values as golden_values_of
+from harness.golden.format import validate_golden
+from harness.golden.judge import compare_records
+from harness.golden.seed import PROVENANCE_SOURCE, RECORDS_DIR
+from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.golden.store import load_golden
 from harness.record.io import load_records
 from harness.record.model import Record
-from harness.record.seed import PROVENANCE_SOURCE, RECORDS_DIR
 
 
 def test_seed_goldens_are_valid_and_match_their_records():

@@ -7,7 +7,7 @@ from record_samples import REVISIONS, run_record, write_records
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.record.golden_dir import (
+from harness.golden.store import (
     CHECKOUT_ROOT,
     ENV_VAR,
     golden_path_for,
@@ -165,7 +165,7 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
         [
             sys.executable,
             "-c",
-            "from harness.record.golden_dir import golden_root; print(golden_root())",
+            "from harness.golden.store import golden_root; print(golden_root())",
         ],
         cwd=work,
         env=env,
