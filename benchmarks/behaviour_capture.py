@@ -29,9 +29,15 @@ ENV_GOLDEN_DIR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
 # Run-to-run values: masked in every captured text so only behaviour is compared.
 _MASKS = [
     (re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?"), "<time>"),
-    (re.compile(r"\b\d+(\.\d+)? s\b"), "<secs> s"),
+    (re.compile(r"\b\d+(\.\d+)? ?s\b"), "<secs> s"),
     (re.compile(re.escape(os.uname().nodename)), "<host>"),
     (re.compile(r'"(wall_s|elapsed_s|duration_s|seconds)": [0-9.e+-]+'), r'"\1": <secs>'),
+    # torchrun's per-job log directory: a random run id
+    (re.compile(r"-control-[0-9a-f]{8}_[0-9a-z]{8}"), "-control-<torchrun-id>"),
+    # a sweep directory's name: recipe, start time, random suffix
+    (re.compile(r"-(\d{8}T\d{6}Z|<n>T<n>Z)-[0-9a-z<>]+"), "-<sweep>"),
+    # a Python set printed by Megatron Core: its order follows string hashing, random per process
+    (re.compile(r"\{'[^{}]*'\}"), lambda m: "{" + ", ".join(sorted(m[0][1:-1].split(", "))) + "}"),
 ]
 
 
@@ -170,13 +176,16 @@ def capture(out: Path, code: Path) -> None:
 
 
 def diff(before: Path, after: Path) -> int:
+    """Name each capture that differs once both are masked again (a capture may predate a mask)."""
+
+    def text(path: Path) -> str | None:
+        return _mask(path.read_text(encoding="utf-8"), WORK) if path.is_file() else None
+
     names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
     changed = [
         name
         for name in names
-        if not (before / name).is_file()
-        or not (after / name).is_file()
-        or (before / name).read_bytes() != (after / name).read_bytes()
+        if text(before / name) is None or text(before / name) != text(after / name)
     ]
     for name in changed:
         print(f"differs: {name}")
