@@ -12,13 +12,17 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from harness.compare.analysis import analyse
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.files import ensure_dir
-
-if TYPE_CHECKING:  # the runner imports torch's launcher: only when a sweep runs
-    from harness.run.runner import RowResult
+from harness.report.json_report import analysis_json, dumps
+from harness.report.markdown import analysis_markdown, emit
+from harness.report.plot import nothing_to_plot, plot_analysis
+from harness.run.faults import FAULT_ENV, parse_fault
+from harness.run.progress import LiveProgress
+from harness.run.recipes import load_recipe, recipe_names, with_world
+from harness.run.runner import Launcher, RowResult, check_launchable, run_sweep, sweep_rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,9 +94,6 @@ def _positive(value: float | None, flag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.run.faults import FAULT_ENV, parse_fault
-    from harness.run.recipes import load_recipe, recipe_names, with_world
-
     if args.list:
         for name in recipe_names():
             recipe = load_recipe(name)
@@ -111,9 +112,6 @@ def run(args: argparse.Namespace) -> int:
     # anything launches, not first by a worker.
     specs = [*args.inject_fault, *([os.environ[FAULT_ENV]] if os.environ.get(FAULT_ENV) else [])]
     faults = [parse_fault(spec) for spec in specs]
-
-    from harness.run.progress import LiveProgress
-    from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
     rows = sweep_rows(recipe, args.rows)
     if args.srun_arg and args.launcher != "slurm":
@@ -152,10 +150,6 @@ def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
     """The records' place, the analysis against the control and its plot: markdown, or one JSON object.
     The report comes first: the records are the sweep's product, and a plot that cannot be drawn (only
     the control measured) or written (a disk that filled as the sweep ended) must not hide them."""
-    from harness.compare.analysis import analyse
-    from harness.report.json_report import analysis_json, dumps
-    from harness.report.markdown import analysis_markdown, emit
-    from harness.report.plot import nothing_to_plot, plot_analysis
 
     analysis = analyse([result.record for result in results])
     plot: Path | None = None
