@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.record.vocabulary import RUN_KIND_VALUES
+
 Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe", "effect"]
 Better = Literal["lower", "higher", "exact"]
 # Record kinds whose goldens judge run metrics; CPU probes are judged exactly on every metric.
-RUN_KINDS = ("run", "reference")
+RUN_KINDS = RUN_KIND_VALUES
 
 
 @dataclass(frozen=True)
