@@ -7,9 +7,27 @@ import json
 import sys
 from pathlib import Path
 
+from harness.config.fields import RecomputeFields
+from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.estimate.estimate import (
+    attention_backend_for,
+    check_estimable,
+    estimate,
+    golden_path,
+    golden_path_of,
+)
+from harness.estimate.judge import (
+    EstimateMismatch,
+    golden_rows,
+    judge_estimate,
+    load_estimate_golden,
+)
+from harness.estimate.table import estimate_table
 from harness.files import write_json_atomic
+from harness.record.golden_dir import existing, golden_root, writable
 from harness.record.io import read_json
+from harness.run.recipes import load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,27 +56,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write the JSON to the golden root's estimate/ under the installed revision's name",
     )
     parser.add_argument(
-        "--golden-dir", metavar="DIR", help="golden root for --write-golden (default: tests/golden)"
+        "--check-golden",
+        action="store_true",
+        help="measure the golden's rows (or --rows, each in the golden) and judge every saving, "
+        "retained byte count and status against it to the byte: exit 1 naming each changed row",
+    )
+    parser.add_argument(
+        "--golden-dir",
+        metavar="DIR",
+        help="golden root for --write-golden / --check-golden (default: tests/golden)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.config.fields import RecomputeFields
-    from harness.estimate.estimate import check_estimable, estimate, golden_path
-    from harness.run.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)
     check_estimable(recipe)
     for row in args.rows or ():
         RecomputeFields.parse(row)
+    if args.check_golden and args.write_golden:
+        raise UsageError("--check-golden judges the golden; it cannot also --write-golden it")
+    rows = args.rows
+    golden = None
+    if args.check_golden:  # the golden is found and read before anything is measured
+        golden_file = golden_path_of(
+            recipe.name,
+            attention_backend_for(recipe, args.attention_backend),
+            collect_revisions()["megatron_core"] or {},
+            existing(golden_root(args.golden_dir)),
+        )
+        golden = load_estimate_golden(golden_file)
+        rows = golden_rows(golden, args.rows, golden_file)
     if (
         args.write_golden and not args.out
     ):  # refused before measuring: never into an installed package's copy
-        from harness.record.golden_dir import golden_root, writable
-
         writable(golden_root(args.golden_dir))
     try:
-        result = estimate(recipe, args.rows, args.attention_backend)
+        result = estimate(recipe, rows, args.attention_backend)
     except RuntimeError as exc:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -83,12 +116,26 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        from harness.estimate.table import estimate_table
-
         print(estimate_table(result))
     if target is not None and not args.json:
         print(f"{'unchanged' if unchanged else 'wrote'} {target}")
+    if golden is not None:
+        return _report_judgement(golden_file, judge_estimate(golden, data), args.json)
     return EXIT_OK
+
+
+def _report_judgement(
+    golden_file: Path, mismatches: list[EstimateMismatch], quiet_stdout: bool
+) -> int:
+    """The verdict under the table (on stderr beside --json, so stdout stays one JSON document)."""
+    stream = sys.stderr if quiet_stdout else sys.stdout
+    if not mismatches:
+        print(f"golden: every row matches {golden_file}", file=stream)
+        return EXIT_OK
+    print(f"golden: {len(mismatches)} figure(s) differ from {golden_file}", file=stream)
+    for mismatch in mismatches:
+        print(f"  {mismatch.line()}", file=stream)
+    return EXIT_FAILED
 
 
 def _without_provenance(path: Path) -> dict[str, object] | None:
