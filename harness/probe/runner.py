@@ -67,6 +67,9 @@ class ProbeRowResult:
     carried_holders: list[dict[str, Any]] = field(
         default_factory=list
     )  # CarriedTensor fields, per storage
+    # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
+    # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
+    step_peaks: dict[str, Any] = field(default_factory=dict)
 
     @property
     def measured(self) -> bool:
@@ -194,6 +197,7 @@ def measure_row(
         result.carried.bytes,
         result.carried.attribution(),
         [asdict(tensor) for tensor in result.carried.tensors],
+        result.peaks.as_dict(),
     )
 
 
