@@ -22,14 +22,32 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.norm import FusedRMSNorm
 from harness.estimate.model import CPU_FLAGS, MOE, Architecture
 from harness.models import set_core_attention, transformer_config
 from harness.probe.measure import retained_by_forward
+from harness.probe.peaks import live_activation_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LayerPeaks:
+    """What one layer's step adds, for a moment, on top of what it retains (MemTracker).
+
+    ``forward_transient``: activation + temporary bytes alive at the layer's forward peak beyond
+    those alive when its forward returned (its intermediates before autograd frees them);
+    ``backward_transient``: the same at its backward peak (replayed activations, activation
+    gradients, the incoming gradient), beyond those alive when backward started. Parameter gradients
+    are left out: a GPU recipe's DDP keeps them in a grad buffer allocated before the first step.
+    """
+
+    seq_length: int
+    forward_transient: int
+    backward_transient: int
 
 
 @dataclass
@@ -164,6 +182,19 @@ def measure_layer(
     layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0
 ) -> LayerMeasurement:
     """Forward ``layer`` once on this rank's ``[s/tp, b, h]`` slice; retained bytes at its end."""
+
+    hidden, mask = _layer_input(layer, seq_length, micro_batch_size, seed)
+    output, retained, attribution = retained_by_forward(
+        layer, lambda: layer(hidden, attention_mask=mask), shared=(mask,)
+    )
+    del output
+    return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})
+
+
+def _layer_input(
+    layer: torch.nn.Module, seq_length: int, micro_batch_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``[s/tp, b, h]`` hidden state (requiring grad, as in a stack) and the causal mask."""
     from megatron.core import parallel_state as ps
 
     config = layer.config
@@ -175,8 +206,27 @@ def measure_layer(
     )
     hidden.requires_grad_(True)
     mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
-    output, retained, attribution = retained_by_forward(
-        layer, lambda: layer(hidden, attention_mask=mask), shared=(mask,)
+    return hidden, mask
+
+
+def measure_layer_peaks(
+    layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0
+) -> LayerPeaks:
+    """Forward + backward of ``layer`` under MemTracker; its transients (``LayerPeaks``)."""
+    hidden, mask = _layer_input(layer, seq_length, micro_batch_size, seed)
+    tracker = MemTracker()
+    tracker.track_external(layer, hidden, mask)
+    with tracker:
+        output = layer(hidden, attention_mask=mask)[0]
+        forward_peak = live_activation_bytes(tracker.get_tracker_snapshot("peak"))
+        after_forward = live_activation_bytes(tracker.get_tracker_snapshot("current"))
+        output.backward(torch.ones_like(output))
+    backward_peak = live_activation_bytes(
+        tracker.memory_tracking[layer].snapshots["Peak-Backward"][-1]
     )
-    del output
-    return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})
+    layer.zero_grad(set_to_none=True)
+    return LayerPeaks(
+        seq_length,
+        max(forward_peak - after_forward, 0),
+        max(backward_peak - after_forward, 0),
+    )

@@ -95,6 +95,12 @@ def _on_cpu(snapshot: dict[torch.device, dict[str, int]]) -> dict[str, int]:
     return {getattr(key, "value", key): value for key, value in snapshot.get(_CPU, {}).items()}
 
 
+def live_activation_bytes(snapshot: dict[torch.device, dict[str, int]]) -> int:
+    """Activation + temporary bytes on the CPU in a MemTracker snapshot."""
+    cpu = _on_cpu(snapshot)
+    return cpu.get(ACTIVATION, 0) + cpu.get(TEMPORARY, 0)
+
+
 def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[str, int]]:
     """Activation + temporary bytes at each module's own forward / backward peak (largest call)."""
     root_name = tracker.memory_tracking[root].mod_fqn
@@ -107,10 +113,7 @@ def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[
             continue
         peaks[name] = {
             phase: max(
-                (
-                    _on_cpu(snapshot).get(ACTIVATION, 0) + _on_cpu(snapshot).get(TEMPORARY, 0)
-                    for snapshot in stats.snapshots.get(state, [])
-                ),
+                (live_activation_bytes(snapshot) for snapshot in stats.snapshots.get(state, [])),
                 default=0,
             )
             for phase, state in (("forward", _PEAK_FORWARD), ("backward", _PEAK_BACKWARD))

@@ -14,6 +14,7 @@ from harness.cli import main
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
 from harness.estimate.anchors import GPT_ANCHOR, korthikanti_layer_bytes, megatron_lm_layer_bytes
+from harness.estimate.estimate import rank_peak
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.estimate.judge import judge_estimate
 from harness.estimate.layers import build_layer, measure_layer
@@ -311,3 +312,35 @@ def test_judge_names_every_changed_figure_of_a_row():
         "row 'mla_up_proj': status golden 'effective', now 'inactive'",
         f"row 'mla_up_proj': moe retained_bytes golden {now - 2}, now {now} (+0.00 %)",
     ]
+
+
+def test_peak_is_the_layer_whose_transient_tops_the_layers_retained_up_to_it():
+    """Stage [dense, moe]: the dense layer's forward transient (100) comes when only it is retained
+    (10), the MoE layer's (5) on top of both layers' bytes (10 + 20); the peak is the larger moment."""
+
+    def measured(values: dict[str, int]) -> list[dict[str, int]]:
+        return [{"seq_length": s, **values} for s in (64, 128, 256)]
+
+    result = {
+        "kinds": {
+            "dense": {
+                "[]": [
+                    {"seq_length": s, "retained_bytes": 10, "attribution": {}}
+                    for s in (64, 128, 256)
+                ]
+            },
+            "moe": {
+                "[]": [
+                    {"seq_length": s, "retained_bytes": 20, "attribution": {}}
+                    for s in (64, 128, 256)
+                ]
+            },
+        },
+        "peaks": {
+            "dense": {"[]": measured({"forward_transient": 100, "backward_transient": 0})},
+            "moe": {"[]": measured({"forward_transient": 5, "backward_transient": 3})},
+        },
+    }
+    assert rank_peak(result, "[]", ["dense", "moe"], 1, 4096) == (110, "forward of layer 0 (dense)")
+    # two micro-batches in flight: the other one keeps the whole stage (30) retained throughout
+    assert rank_peak(result, "[]", ["dense", "moe"], 2, 4096) == (140, "forward of layer 0 (dense)")

@@ -86,3 +86,9 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
         up["removed"][0]["module"].endswith("self_attention.core_attention")
         and up["removed"][0]["bytes"] > 0
     )
+    # The rank's peak (MemTracker): a MoE layer's forward adds a transient on top of what the stage
+    # retains, at the stage's last layer (7), where every layer's saved tensors are alive
+    control = rows["[]"]
+    assert control["peak_bytes"] > control["retained_bytes"]
+    assert control["peak_phase"] == "forward of layer 7 (moe)"
+    assert up["peak_saving_bytes"] == control["peak_bytes"] - up["peak_bytes"] > 0
