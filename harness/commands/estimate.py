@@ -10,23 +10,17 @@ from pathlib import Path
 from harness.config.fields import RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.estimate.estimate import (
-    attention_backend_for,
-    check_estimable,
-    estimate,
-    golden_path,
-    golden_path_of,
-)
-from harness.estimate.judge import (
-    EstimateMismatch,
-    golden_rows,
-    judge_estimate,
-    load_estimate_golden,
-)
+from harness.estimate.estimate import attention_backend_for, check_estimable, estimate
 from harness.estimate.table import estimate_table
-from harness.files import write_json_atomic
-from harness.record.golden_dir import existing, golden_root, writable
-from harness.record.io import read_json
+from harness.golden.estimate import (
+    EstimateMismatch,
+    estimate_golden_path_for,
+    golden_rows,
+    golden_to_judge,
+    judge_estimate,
+    write_estimate,
+)
+from harness.golden.store import estimate_golden_path, existing, golden_root, writable
 from harness.run.recipes import load_recipe
 
 
@@ -59,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--check-golden",
         action="store_true",
         help="measure the golden's rows (or --rows, each in the golden) and judge every saving, "
-        "retained byte count and status against it to the byte: exit 1 naming each changed row",
+        "retained byte count, peak and status against it to the byte: exit 1 naming each changed row",
     )
     parser.add_argument(
         "--golden-dir",
@@ -75,52 +69,44 @@ def run(args: argparse.Namespace) -> int:
         RecomputeFields.parse(row)
     if args.check_golden and args.write_golden:
         raise UsageError("--check-golden judges the golden; it cannot also --write-golden it")
-    rows = args.rows
-    golden = None
+    rows, golden = args.rows, None
     if args.check_golden:  # the golden is found and read before anything is measured
-        golden_file = golden_path_of(
+        golden_file = estimate_golden_path(
             recipe.name,
             attention_backend_for(recipe, args.attention_backend),
             collect_revisions()["megatron_core"] or {},
             existing(golden_root(args.golden_dir)),
         )
-        golden = load_estimate_golden(golden_file)
+        golden = golden_to_judge(golden_file)
         rows = golden_rows(golden, args.rows, golden_file)
-    if (
-        args.write_golden and not args.out
-    ):  # refused before measuring: never into an installed package's copy
+    if args.write_golden and not args.out:
+        # refused before measuring: never into an installed package's copy
         writable(golden_root(args.golden_dir))
     try:
         result = estimate(recipe, rows, args.attention_backend)
     except RuntimeError as exc:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    data = result.as_dict()
     target = (
         Path(args.out)
         if args.out
-        else golden_path(result, args.golden_dir)
+        else estimate_golden_path_for(result, args.golden_dir)
         if args.write_golden
         else None
     )
-    # A golden re-run that measured the same bytes leaves the file alone: only its provenance would differ.
-    unchanged = (
-        args.write_golden
-        and target.is_file()
-        and _without_provenance(target)
-        == {key: value for key, value in data.items() if key != "provenance"}
+    written = target is not None and write_estimate(
+        result, target, keep_unchanged=args.write_golden
     )
-    if target is not None and not unchanged:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, data)
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(result.as_dict(), indent=2))
     else:
         print(estimate_table(result))
     if target is not None and not args.json:
-        print(f"{'unchanged' if unchanged else 'wrote'} {target}")
+        print(f"{'wrote' if written else 'unchanged'} {target}")
     if golden is not None:
-        return _report_judgement(golden_file, judge_estimate(golden, data), args.json)
+        return _report_judgement(
+            golden_file, judge_estimate(golden.data, result.as_dict()), args.json
+        )
     return EXIT_OK
 
 
@@ -136,16 +122,3 @@ def _report_judgement(
     for mismatch in mismatches:
         print(f"  {mismatch.line()}", file=stream)
     return EXIT_FAILED
-
-
-def _without_provenance(path: Path) -> dict[str, object] | None:
-    """The golden on disk without its provenance; None when it is not readable as one (it is then rewritten)."""
-    try:
-        data = read_json(path)
-    except UsageError:
-        return None
-    return (
-        {key: value for key, value in data.items() if key != "provenance"}
-        if isinstance(data, dict)
-        else None
-    )

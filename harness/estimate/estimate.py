@@ -39,7 +39,6 @@ from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
 from harness.processes import run_bounded
 from harness.record.build import now_iso
-from harness.record.golden_dir import estimate_dir, golden_root
 from harness.run.recipes import Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
@@ -499,24 +498,3 @@ def estimate(
         "date": now_iso(),
     }
     return result
-
-
-def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
-    """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``."""
-    return golden_path_of(
-        estimate.recipe,
-        estimate.attention_backend,
-        estimate.revisions.get("megatron_core") or {},
-        root,
-    )
-
-
-def golden_path_of(
-    recipe: str, attention_backend: str, megatron_core: dict[str, Any], root: Path | None = None
-) -> Path:
-    """The golden of ``recipe`` under ``attention_backend`` on the Megatron Core ``megatron_core``
-    (a revisions entry): known before measuring, so ``--check-golden`` refuses a missing one at once."""
-    return estimate_dir(golden_root(root)) / (
-        f"{recipe}__{attention_backend}__"
-        f"mcore-{megatron_core.get('version')}-{megatron_core.get('fingerprint')}.json"
-    )

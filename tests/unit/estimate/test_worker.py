@@ -8,8 +8,8 @@ import json
 import pytest
 
 from harness.cli import main
-from harness.estimate.judge import judge_estimate
-from harness.record.golden_dir import estimate_dir, golden_root
+from harness.golden.estimate import judge_estimate
+from harness.golden.store import estimate_dir, golden_root
 
 pytestmark = pytest.mark.slow  # starts torchrun and builds hidden-2048 MoE layers (~20 s)
 
