@@ -65,6 +65,9 @@ class ProbeRowResult(MeasuredRow):
     carried_holders: list[dict[str, Any]] = field(
         default_factory=list
     )  # CarriedTensor fields, per storage
+    # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
+    # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
+    step_peaks: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -196,6 +199,7 @@ def measure_row(
         carried_bytes=result.carried.bytes,
         carried_attribution=result.carried.attribution(),
         carried_holders=[asdict(tensor) for tensor in result.carried.tensors],
+        step_peaks=result.peaks.as_dict(),
     )
 
 

@@ -394,6 +394,33 @@ METRICS: tuple[Metric, ...] = (
         nullable=False,
         required=False,
     ),
+    Metric(
+        "peak_forward_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "at the forward's peak, the bytes that are not parameters, buffers or the batch: activations + temporaries (MemTracker; harness.probe.peaks)",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "peak_backward_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "the same at the backward's peak: activations, temporaries (activation gradients) and parameter gradients alive together",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "peak_optimizer_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "the same at the Adam step's peak: gradients, optimizer state and its temporaries, plus what backward left alive",
+        nullable=False,
+        required=False,
+    ),
 )
 
 
