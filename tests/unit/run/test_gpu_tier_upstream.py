@@ -121,6 +121,60 @@ def test_a_watchdog_abort_is_a_hang_at_the_rank_furthest_behind(tmp_path):
     assert "NCCL watchdog" in outcome.message
 
 
+# Issue 24 item 4: the waiting rank's watchdog aborts it (SIGABRT) while its stuck peer lives on, so the
+# runner sees the waiting rank die unreported first (launch.died) and torchrun names it the root cause.
+# The stderr lines are torch 2.14.1's (strings of libtorch_cuda.so, ProcessGroupNCCL); the launcher log
+# is torchrun's failure summary for a signal death (torch/distributed/elastic/multiprocessing/errors).
+WATCHDOG_ABORT_STDERR = (
+    WATCHDOG_LINE
+    + "\n[rank0]:[E1201 10:00:00.100000000 ProcessGroupNCCL.cpp:2280] [PG ID 0 PG GUID 0(default_pg) "
+    "Rank 0]  failure detected by watchdog at work sequence id: 812 PG status: last enqueued work: "
+    "812, last completed work: 811\n"
+    "[rank0]:[E1201 10:00:00.100000000 ProcessGroupNCCL.cpp:746] [Rank 0] To avoid data "
+    "inconsistency, we are taking the entire process down.\n"
+    "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+    "Fatal Python error: Aborted\n"
+)
+TORCHRUN_SIGABRT_SUMMARY = """[E1201 10:00:01.000000 4200 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -6) local_rank: 0 (pid: 4242) of binary: python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+harness.run.worker FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_10:00:01
+  host      : h200-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 4242
+============================================================
+"""
+
+
+def test_a_watchdog_abort_seen_as_a_death_blames_the_stuck_peer_not_the_waiting_rank(tmp_path):
+    def write(writer, rank):
+        writer.emit("phase", iteration=4, phase="grad-sync" if rank == 0 else "backward")
+
+    ranks = _ranks(tmp_path, 2, write)
+    log = tmp_path / TORCHRUN_DIR / "node0" / "job" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("some warning\n" + WATCHDOG_ABORT_STDERR)
+    (tmp_path / "launcher0.log").write_text(TORCHRUN_SIGABRT_SUMMARY)
+    launch = LaunchResult([1], 601.0, "token", stopped="died", died=[0])
+    outcome = _classify(ranks, tmp_path, launch)
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == (
+        "hang",
+        4,
+        "backward",
+        (1,),
+    )
+    assert "NCCL watchdog aborted 1 waiting rank(s)" in outcome.message
+
+
 def test_collectives_outlast_the_stall_timeout():
     from harness.run.backend_bridge import collective_timeout_minutes
 
