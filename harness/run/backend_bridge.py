@@ -22,7 +22,8 @@ package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in 
 
 Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
 connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
-point, before anything touches CUDA, the record notes their values, and the allocator's own settings
+point, before anything touches CUDA (HybridEP's ranks per NVLink domain fitted to the row's EP size,
+``hybrid_ep_environment``), the record notes their values, and the allocator's own settings
 are read back (``harness.run.allocator``): the record says when it had already fixed other ones.
 
 Collective timeout: Bridge's default is 10 minutes (``dist.distributed_timeout_minutes``), and
@@ -285,6 +286,32 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
     return f"flex/{backend} (its package is missing on this machine)"
 
 
+# HybridEP (DeepEP's hybrid_ep buffer, through MCore's flex dispatcher) reads how many EP ranks share one
+# NVLink domain from this variable and asserts that the EP group's size is a multiple of it ("The number
+# of ranks {group.size()} should be divisible by the number of ranks per NVLink domain {n}.", MCore's
+# fused_a2a._hybrid_ep_num_nodes, main after 0.19). Bridge's Nemotron 3 Nano / Moonlight recipes set 8,
+# right for their EP 8 layouts and fatal at the first dispatch of a shortened EP 1 or EP 2 one.
+HYBRID_EP_RANKS_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+
+
+def hybrid_ep_environment(env_vars: dict[str, Any], ep: int) -> dict[str, Any]:
+    """The recipe's environment with HybridEP's ranks per NVLink domain fitted to the row's EP size: kept
+    when EP is a multiple of it (EP 16 over two 8-GPU nodes: 8 per domain), EP itself when the whole EP
+    group fits in one domain (EP 1, 2, 4 under a recipe's 8); any other layout is refused (ValueError,
+    which Bridge's pre-launch check reports for the row in one line)."""
+    if HYBRID_EP_RANKS_ENV not in env_vars:
+        return dict(env_vars)
+    per_domain = int(env_vars[HYBRID_EP_RANKS_ENV])
+    if per_domain >= 1 and ep % per_domain == 0:
+        return dict(env_vars)
+    if per_domain >= 1 and per_domain % ep == 0:
+        return {**env_vars, HYBRID_EP_RANKS_ENV: ep}
+    raise ValueError(
+        f"expert_model_parallel_size {ep} does not fit HybridEP's {HYBRID_EP_RANKS_ENV}="
+        f"{per_domain} (Bridge's recipe): EP must be a multiple of it, or divide it"
+    )
+
+
 def collective_timeout_minutes(recipe: Recipe) -> int:
     """Bridge's collective timeout for a row: at least the row's own timeout (which is longer than its
     stall timeout), so the runner's stall detection, not NCCL's watchdog, ends a hung row."""
@@ -342,6 +369,7 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     }  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
+    cfg.env_vars = hybrid_ep_environment(cfg.env_vars, layout.ep)
     requested = _dispatcher_fallback(cfg)
     return cfg, {} if requested is None else {"moe_dispatcher_requested": requested}
 

@@ -426,3 +426,64 @@ def test_the_allocator_settings_are_checked_not_cuda_init(order, expected):
         timeout=120,
     ).stdout
     assert out.startswith(expected), out
+
+
+# Issue 24 item 1. The environment of Bridge r0.6's nemotron_3_nano_pretrain_8gpu_h100_bf16_config
+# (recipes/nemotronh/h100/nemotron_3_nano.py at 6124fbe, its HybridEP entries), and the assertion HybridEP's
+# buffer set-up raises when the EP group is not a multiple of it (MCore fused_a2a._hybrid_ep_num_nodes).
+NEMOTRON_3_NANO_ENV = {
+    "CUDA_DEVICE_MAX_CONNECTIONS": 32,
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": 8,
+    "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": 128,
+    "NVLINK_DOMAIN_SIZE": 8,
+    "USE_MNNVL": 0,
+}
+HYBRID_EP_ASSERTION = (
+    "The number of ranks 1 should be divisible by the number of ranks per NVLink domain 8."
+)
+
+
+@pytest.mark.parametrize(
+    "recipe_name, per_domain",
+    [
+        ("nemotron-3-nano-short-1gpu", 1),
+        ("nemotron-3-nano-short-2gpu", 2),
+        ("nemotron-3-nano-short-8gpu", 8),
+        ("nemotron-3-nano-full-16gpu", 8),
+    ],
+)
+def test_hybrid_ep_ranks_per_nvlink_domain_follow_the_recipes_ep(recipe_name, per_domain):
+    from harness.run.backend_bridge import HYBRID_EP_RANKS_ENV, hybrid_ep_environment
+
+    ep = load_recipe(recipe_name).parallelism.ep
+    fitted = hybrid_ep_environment(NEMOTRON_3_NANO_ENV, ep)
+    assert fitted[HYBRID_EP_RANKS_ENV] == per_domain
+    assert ep % fitted[HYBRID_EP_RANKS_ENV] == 0  # HybridEP's own requirement
+    assert {k: v for k, v in fitted.items() if k != HYBRID_EP_RANKS_ENV} == {
+        k: v for k, v in NEMOTRON_3_NANO_ENV.items() if k != HYBRID_EP_RANKS_ENV
+    }
+
+
+def test_a_layout_hybrid_ep_cannot_split_is_refused_in_one_line():
+    from harness.run.backend_bridge import hybrid_ep_environment
+
+    with pytest.raises(ValueError, match="expert_model_parallel_size 12 does not fit") as refused:
+        hybrid_ep_environment(NEMOTRON_3_NANO_ENV, 12)
+    assert "\n" not in str(refused.value)
+
+
+def test_hybrid_eps_assertion_at_the_first_dispatch_is_a_crash_in_forward(tmp_path):
+    def write(writer, rank):
+        writer.emit("phase", iteration=1, phase="forward")
+        writer.emit(
+            "error",
+            iteration=1,
+            phase="forward",
+            type="AssertionError",
+            message=HYBRID_EP_ASSERTION,
+            local_loss_finite=None,
+        )
+
+    outcome = _classify(_ranks(tmp_path, 1, write), tmp_path)
+    assert (outcome.status, outcome.iteration, outcome.phase) == ("crash", 1, "forward")
+    assert HYBRID_EP_ASSERTION in outcome.message
