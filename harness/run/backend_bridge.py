@@ -15,7 +15,7 @@ release branch):
   offline by replacing the module's ``AutoBridge`` with a fake instead.)
 
 Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
-data, evaluation off, log every step, checkpoint save/load off (the recipe's default checkpoint
+data, evaluation off, Bridge's own log (and its barrier) past the last step (``log_interval``), checkpoint save/load off (the recipe's default checkpoint
 directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
 the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
 package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
@@ -36,7 +36,7 @@ validation on every row's config, on the host, so a row Bridge refuses never rea
 Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
 callback of ours reports every rank's allocator peaks and device memory in use at every step's end,
 and the step time as Bridge's log defines it: the whole loop from one step's end to the next
-(``train_step`` plus the loop's own work: ``training_log`` with its timers' barrier, the manual
+(``train_step`` plus the loop's own work: ``training_log`` (its barrier kept out of the run: ``log_interval``), the manual
 ``gc.collect`` every ``manual_gc_interval`` steps, CUDA-graph capture), device synchronised. Bridge
 adds a step's FLOPs to its running total after ``on_train_step_end``, so they are reported at the
 next step's start (``flops`` event); the record divides them by the same step time. The attention
@@ -312,6 +312,17 @@ def hybrid_ep_environment(env_vars: dict[str, Any], ep: int) -> dict[str, Any]:
     )
 
 
+def log_interval(recipe: Recipe) -> int:
+    """Bridge's ``logger.log_interval`` for a short run: past the last iteration. Bridge's ``training_log``
+    reads its interval timer with a barrier (``timers("interval-time").elapsed(barrier=True)``) at every
+    step where ``iteration % log_interval == 0`` (``training/utils/train_utils.py`` at r0.6); logging every
+    step put a world barrier inside every measured step, one the user's job (logging every 10 or 100
+    steps) pays once per interval. So the barrier is kept out of the run, not measured and subtracted;
+    the harness's own callback logs every step. The recipe's ``manual_gc_interval`` stays: its
+    ``gc.collect`` is a cost the user's job pays at the same steps."""
+    return recipe.train_iters + 1
+
+
 def collective_timeout_minutes(recipe: Recipe) -> int:
     """Bridge's collective timeout for a row: at least the row's own timeout (which is longer than its
     stall timeout), so the runner's stall detection, not NCCL's watchdog, ends a hung row."""
@@ -333,7 +344,7 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     cfg.dataset.blend_per_split = None
     cfg.validation.eval_iters = 0
     cfg.validation.eval_interval = None
-    cfg.logger.log_interval = 1
+    cfg.logger.log_interval = log_interval(recipe)
     cfg.logger.tensorboard_dir = None
     cfg.logger.wandb_project = None
     cfg.checkpoint.save = None

@@ -20,7 +20,14 @@ from harness.run.events import EventWriter, events_path, read_rank
 from harness.run.faults import parse_fault
 from harness.run.instrument import Instrument
 from harness.run.preflight import preflight_environment
-from harness.run.recipes import Recipe, check_packages, check_recipe, importable, load_recipe
+from harness.run.recipes import (
+    Recipe,
+    check_packages,
+    check_recipe,
+    importable,
+    load_recipe,
+    recipe_names,
+)
 from harness.run.runner import check_launchable
 from harness.run.torchrun import TORCHRUN_DIR, LaunchResult
 
@@ -487,3 +494,15 @@ def test_hybrid_eps_assertion_at_the_first_dispatch_is_a_crash_in_forward(tmp_pa
     outcome = _classify(_ranks(tmp_path, 1, write), tmp_path)
     assert (outcome.status, outcome.iteration, outcome.phase) == ("crash", 1, "forward")
     assert HYBRID_EP_ASSERTION in outcome.message
+
+
+# Issue 24 item 7: Bridge r0.6's training_log barriers (timers("interval-time").elapsed(barrier=True))
+# at each step where iteration % log_interval == 0 (training/utils/train_utils.py); none may be measured.
+@pytest.mark.parametrize("name", [n for n in recipe_names() if load_recipe(n).backend == "bridge"])
+def test_bridges_logging_barrier_falls_outside_every_measured_step(name):
+    from harness.run.backend_bridge import log_interval
+
+    recipe = load_recipe(name)
+    interval = log_interval(recipe)
+    barriers = [it for it in range(1, recipe.train_iters + 1) if it % interval == 0]
+    assert barriers == []
