@@ -358,8 +358,10 @@ def _hang(
     waiting = [rank for rank in unfinished if not rank.errors] or unfinished or ranks
     _, stuck = _behind(waiting)
     first = stuck[0]
+    limit = stall_timeout_s if launch.stall_limit_s is None else launch.stall_limit_s
+    allowance = " (the first-iteration allowance)" if limit != stall_timeout_s else ""
     why = (
-        f"no rank reported progress for {stall_timeout_s:g} s"
+        f"no rank reported progress for {limit:g} s{allowance}"
         if launch.stopped == "stall"
         else f"still running after the {timeout_s:g} s timeout"
     )
