@@ -506,3 +506,66 @@ def test_bridges_logging_barrier_falls_outside_every_measured_step(name):
     interval = log_interval(recipe)
     barriers = [it for it in range(1, recipe.train_iters + 1) if it % interval == 0]
     assert barriers == []
+
+
+# Issue 24 item 6: peaks were lifetime high-water marks (nothing reset them). A rank now resets the
+# allocator's peak statistics at each iteration's first phase, keeping the high-water mark itself.
+def test_the_high_water_mark_survives_the_per_iteration_resets():
+    from harness.run.instrument import PeakTracker
+
+    tracker = PeakTracker()
+    assert tracker.fold(40 * GIB, 50 * GIB) == (40 * GIB, 50 * GIB)  # model build + iteration 1
+    assert tracker.fold(30 * GIB, 44 * GIB) == (
+        40 * GIB,
+        50 * GIB,
+    )  # iteration 2 alone, after a reset
+    assert tracker.fold(52 * GIB, 60 * GIB) == (52 * GIB, 60 * GIB)  # a late iteration grows
+
+
+def test_the_peaks_reset_once_per_iteration_at_its_first_phase(tmp_path):
+    instrument = Instrument(tmp_path, 0, "cpu")
+    instrument.enter(1, "forward")
+    instrument.enter(1, "backward")
+    assert instrument.peaks_reset_for == 1
+    instrument.enter(2, "cuda-graph-capture")  # Bridge's capture runs before the step it precedes
+    instrument.enter(2, "forward")
+    assert instrument.peaks_reset_for == 2
+
+
+def test_a_late_iterations_growth_shows_in_its_own_peak_under_an_early_transient(tmp_path):
+    recipe = load_recipe("nemotron-3-nano-short-1gpu")
+    own = {it: 30 * GIB for it in range(1, recipe.train_iters + 1)}
+    own[1], own[9] = 40 * GIB, 35 * GIB  # iteration 1's transient, iteration 9's growth
+
+    def write(writer, rank):
+        writer.emit("device", name="NVIDIA H200", sm="9.0")
+        high = 0
+        for it in range(1, recipe.train_iters + 1):
+            high = max(high, own[it])
+            writer.emit("phase", iteration=it, phase="forward")
+            writer.emit(
+                "iteration",
+                iteration=it,
+                loss=9.0,
+                step_time_ms=900.0,
+                skipped=False,
+                allocated_bytes=high,
+                reserved_bytes=50 * GIB,
+                device_used_bytes=60 * GIB,
+                iteration_allocated_bytes=own[it],
+                iteration_reserved_bytes=45 * GIB,
+                nan=False,
+            )
+
+    ranks = _ranks(tmp_path, 1, write)
+    outcome = Classification("completed", recipe.train_iters, None, (), "ok")
+    record = build_record(recipe, "[]", ranks, outcome, revisions=_revisions()).to_json()
+    validate_record(record)
+    peaks = record["metrics"]["ranks"][0]["peaks"]
+    assert [p["iteration"] for p in peaks if p["iteration_allocated_bytes"] > 30 * GIB] == [1, 9]
+    assert {p["allocated_bytes"] for p in peaks} == {40 * GIB}  # the high-water mark hides it
+    headline = record["metrics"]["headline"]
+    assert (headline["peak_allocated_bytes"], headline["run_peak_allocated_bytes"]) == (
+        40 * GIB,
+        40 * GIB,
+    )  # the headline goldens hold is unchanged: the high-water mark after iterations 2 and last
