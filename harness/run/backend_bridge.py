@@ -44,18 +44,20 @@ back end and MoE dispatcher the run actually has (after Bridge's set-up) are not
 
 Phases: ``model-build`` until training starts; ``cuda-graph-capture`` from the end of the step after
 which Bridge captures TE CUDA graphs (``cuda_graph_warmup_steps``) to the next step's start;
-``forward`` when a step starts. When a step fails, the phase is refined from the traceback (outermost
+``forward`` when a step (and each micro-batch's forward) starts; ``backward`` when autograd reaches the
+model's output; ``grad-sync`` and ``optimizer-step`` when MCore's ``finalize_model_grads`` and the
+optimizer's ``step`` are called (``marking``). When a step fails, the phase is refined from the traceback (outermost
 Megatron frame: forward_step, backward_step, finalize_model_grads, the optimizer), and the error line
 is written as the exception leaves Bridge's ``setup``/``train``, before ``_pretrain``'s clean-up
 (``destroy_global_state``, aborting the process groups), which may hang. Faults: those phases, and a
-NaN/Inf loss through the forward-step function's loss function (Bridge's own loss checks then fire);
-backward, grad-sync and optimizer faults are refused before launch (``faults.BACKEND_PHASES``).
+NaN/Inf loss through the forward-step function's loss function (Bridge's own loss checks then fire).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -67,6 +69,7 @@ from typing import Any
 
 import torch
 from megatron.core.transformer.enums import AttnBackend
+from megatron.core.utils import get_model_config
 
 from harness.config.fields import RecomputeFields
 from harness.run.allocator import ignored_allocator_env
@@ -117,6 +120,35 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def marking(
+    function: Any, instrument: Instrument, phase: str, on_first_iteration: str | None = None
+) -> Any:
+    """``function`` that first marks ``phase`` of the current iteration (where an injected fault fires).
+    Bridge's callbacks fire only at a step's start and end, so the phases inside a step are marked by
+    wrapping what Bridge's ``train_step`` calls: the model config's ``finalize_model_grads_func``
+    (grad-sync, called by MCore's schedules after the last backward) and ``optimizer.step``, whose
+    first call allocates the optimizer's state (``optimizer-init``, as the mcore back end names it)."""
+
+    @functools.wraps(function)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        first = instrument.iteration == 1 and on_first_iteration is not None
+        instrument.enter(instrument.iteration, on_first_iteration if first else phase)
+        return function(*args, **kwargs)
+
+    return marked
+
+
+def mark_backward(output_tensor: Any, instrument: Instrument, iteration: int) -> None:
+    """Mark ``backward`` when autograd reaches the model's output, the first thing a micro-batch's backward
+    computes after the loss (the last pipeline stage: earlier stages are placed by grad-sync)."""
+    if isinstance(output_tensor, torch.Tensor) and output_tensor.requires_grad:
+
+        def started(grad: torch.Tensor) -> None:
+            instrument.enter(iteration, "backward")
+
+        output_tensor.register_hook(started)
+
+
 class RankMetrics:
     """Every rank, every step: phase marks, step time, loss, allocator peaks, device memory, FLOPs.
 
@@ -156,6 +188,14 @@ class RankMetrics:
         dispatcher = dispatcher_of(model)
         if dispatcher is not None:
             self.instrument.note("moe_dispatcher", dispatcher)
+        config = get_model_config(context.model[0])
+        if config.finalize_model_grads_func is not None:
+            config.finalize_model_grads_func = marking(
+                config.finalize_model_grads_func, self.instrument, "grad-sync"
+            )
+        context.optimizer.step = marking(
+            context.optimizer.step, self.instrument, "optimizer-step", "optimizer-init"
+        )
         start = context.state.train_state.step
         self.capture_after = capture_after(model, start)
         self.flops_before = self._flops(context) or 0.0
@@ -194,10 +234,13 @@ class RankMetrics:
         self._report_flops(context)
 
 
-class FaultingForwardStep:
-    """Bridge's forward-step function with the fault hook on its loss: the loss function receives the
-    model's per-token output poisoned (NaN/Inf) on the fault's rank and iteration, so Bridge's own
-    loss checks see it. Bridge injects its ``GlobalState`` because the first parameter is ``state``."""
+class MarkedForwardStep:
+    """Bridge's forward-step function with phase marks and the fault hook on its loss: each micro-batch's
+    forward is marked ``forward`` (a micro-batch's forward follows the previous one's backward), its
+    backward is marked when autograd reaches the output (``mark_backward``), and the loss function
+    receives the model's per-token output poisoned (NaN/Inf) on the fault's rank and iteration, so
+    Bridge's own loss checks see it. Bridge injects its ``GlobalState`` because the first parameter is
+    ``state``."""
 
     def __init__(self, forward_step: Any, instrument: Instrument) -> None:
         self.forward_step = forward_step
@@ -206,10 +249,12 @@ class FaultingForwardStep:
     def __call__(
         self, state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
     ) -> Any:
-        output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
         iteration = state.train_state.step + 1
+        self.instrument.enter(iteration, "forward")
+        output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
 
         def poisoned(output_tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            mark_backward(output_tensor, self.instrument, iteration)
             return loss_function(self.instrument.loss(output_tensor, iteration), *args, **kwargs)
 
         return output, poisoned
@@ -468,11 +513,7 @@ def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
             phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
         )
 
-    step = (
-        FaultingForwardStep(forward_step, instrument)
-        if instrument.fault is not None
-        else forward_step
-    )
+    step = MarkedForwardStep(forward_step, instrument)
     try:
         with instrument.reporting_unwind(_upstream_entry_points(), before_report=refine_phase):
             pretrain(cfg, step, callbacks=callbacks)

@@ -362,18 +362,52 @@ def test_a_dispatcher_fallback_is_another_workload_not_a_regression(tmp_path):
     ) == ("flash", "fused")
 
 
-# 9. A fault the back end never fires is refused before launch.
+# 9 / issue 24 item 4: the bridge back end marks backward, grad-sync and the optimizer (wrapping what
+# Bridge's train_step calls), so a fault there is accepted and fires in its own phase.
 @pytest.mark.parametrize(
-    "spec",
+    "spec, phase",
     [
-        "oom:iteration=2,phase=backward",
-        "oom:iteration=2,phase=grad-sync",
-        "hang:iteration=3,phase=optimizer-step",
+        ("oom:iteration=2,phase=grad-sync", "grad-sync"),
+        ("oom:iteration=2,phase=optimizer-step", "optimizer-step"),
     ],
 )
-def test_bridge_refuses_faults_in_phases_it_never_marks(spec):
-    with pytest.raises(UsageError, match="the bridge back end never marks phase"):
-        check_launchable(load_recipe("moonlight-short-1gpu"), [parse_fault(spec)])
+def test_a_fault_in_grad_sync_or_the_optimizer_fires_in_that_phase(
+    tmp_path, monkeypatch, spec, phase
+):
+    import torch
+
+    from harness.run.backend_bridge import marking
+
+    parse_fault(spec).check_backend("bridge")  # no longer refused before launch
+    monkeypatch.setenv("RECOMPUTE_HARNESS_FAULT", spec)
+    instrument = Instrument(tmp_path, 0, "cpu")
+    called = []
+    step = marking(lambda: called.append(1), instrument, phase, on_first_iteration="optimizer-init")
+    instrument.enter(1, "forward")
+    step()  # iteration 1: optimizer-init for the optimizer, the fault waits for iteration 2
+    instrument.enter(2, "forward")
+    with pytest.raises(torch.OutOfMemoryError, match=f"phase {phase}"):
+        step()
+    rank = read_rank(events_path(tmp_path, 0), 0)
+    assert (rank.iteration, rank.phase, rank.fault_fired, called) == (2, phase, True, [1])
+
+
+def test_a_fault_in_backward_fires_when_autograd_reaches_the_output(tmp_path, monkeypatch):
+    import torch
+
+    from harness.run.backend_bridge import mark_backward
+
+    parse_fault("oom:iteration=3,phase=backward").check_backend("bridge")
+    monkeypatch.setenv("RECOMPUTE_HARNESS_FAULT", "oom:iteration=3,phase=backward")
+    instrument = Instrument(tmp_path, 0, "cpu")
+    weight = torch.ones(4, requires_grad=True)
+    instrument.enter(3, "forward")
+    output = weight * 2.0
+    mark_backward(output, instrument, 3)
+    with pytest.raises(torch.OutOfMemoryError, match="phase backward"):
+        output.sum().backward()
+    rank = read_rank(events_path(tmp_path, 0), 0)
+    assert (rank.iteration, rank.phase) == (3, "backward")
 
 
 def test_mcore_refuses_a_capture_fault():
