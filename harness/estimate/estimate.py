@@ -245,8 +245,9 @@ def assemble(
             * in_flight
         )
 
-    control_totals = [rank_total(result, CONTROL_ROW) for result in results]
-    if any(total is None for total in control_totals):
+    measured = [rank_total(result, CONTROL_ROW) for result in results]
+    control_totals = [total for total in measured if total is not None]
+    if len(control_totals) != len(measured):
         raise RuntimeError(
             f"{where}: the [] control could not be measured: "
             f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}"

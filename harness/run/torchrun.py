@@ -36,9 +36,8 @@ JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
 TORCHRUN_DIR = "torchrun"
 POLL_S = 0.5
 TERM_GRACE_S = 10.0
-KILL_WAIT_S = (
-    10.0  # how long a SIGKILLed process may take to leave /proc (a loaded machine: seconds)
-)
+# How long the sweep waits for the workers it SIGKILLed to be gone (their exit is not instant).
+SWEEP_WAIT_S = 10.0
 
 
 @dataclass
@@ -163,20 +162,19 @@ def _stop(procs: list[subprocess.Popen], token: str, grace_s: float = TERM_GRACE
     return _sweep(token)
 
 
-def _sweep(token: str, wait_s: float = KILL_WAIT_S) -> list[int]:
+def _sweep(token: str) -> list[int]:
     """Workers run in sessions of their own: kill, by pid, any that outlived torchrun, and wait until
-    they are gone. SIGKILL is only queued: a killed worker stays in /proc (still holding its GPU memory
-    and its files) until the kernel has torn it down, which takes seconds on a loaded machine, and the
-    next row (or the caller reading the row) must not meet it."""
+    they are gone (bounded): a SIGKILLed rank tearing down a large address space stays listed for a
+    while on a loaded machine, and the row is over only once none runs."""
     leftovers = processes_with_token(token)
     for pid in leftovers:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + wait_s
-    while any(not _process_gone(pid) for pid in leftovers) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    deadline = time.monotonic() + SWEEP_WAIT_S
+    while leftovers and processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return leftovers
 
 

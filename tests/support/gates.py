@@ -11,6 +11,7 @@ import re
 import tomllib
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,7 +83,7 @@ def missing(
     return None
 
 
-def require(**needs: bool | int | str) -> None:
+def require(**needs: Any) -> None:
     """Skip the calling test, with the reason, unless the machine has everything in ``needs``."""
     reason = missing(**needs)
     if reason is not None:
