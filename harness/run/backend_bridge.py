@@ -131,8 +131,8 @@ def marking(
 
     @functools.wraps(function)
     def marked(*args: Any, **kwargs: Any) -> Any:
-        first = instrument.iteration == 1 and on_first_iteration is not None
-        instrument.enter(instrument.iteration, on_first_iteration if first else phase)
+        first = on_first_iteration if instrument.iteration == 1 else None
+        instrument.enter(instrument.iteration, phase if first is None else first)
         return function(*args, **kwargs)
 
     return marked

@@ -5,6 +5,7 @@ folders deep under $OUT). A step that fails still lets every other step report."
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -131,13 +133,15 @@ def test_a_check_killed_mid_sweep_leaves_a_readable_archive_of_the_finished_rows
     }
 
 
-def _requirements():
-    sys.path.insert(0, str(ROOT / "ci"))
-    try:
-        import gpu_check_requirements
-    finally:
-        sys.path.pop(0)
-    return gpu_check_requirements
+def _requirements() -> ModuleType:
+    """ci/gpu_check_requirements.py as a module (a script of ci/, not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check_requirements", ROOT / "ci" / "gpu_check_requirements.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_carried_pins_are_the_locks_exact_versions():
