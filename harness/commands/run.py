@@ -19,6 +19,7 @@ from harness.report.json_report import dumps
 from harness.report.markdown import analysis_markdown, emit
 from harness.report.sweep import sweep_report, sweep_report_json
 from harness.run.faults import FAULT_ENV, parse_fault
+from harness.run.preflight import read_stack, write_stack
 from harness.run.progress import LiveProgress
 from harness.run.recipes import load_recipe, recipe_names, with_world
 from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
@@ -77,6 +78,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="slurm launcher: an extra srun flag for every row's step (repeatable), e.g. "
         "--srun-arg=--container-image=IMG; with a container image the ranks run its python",
     )
+    stack = parser.add_mutually_exclusive_group()
+    stack.add_argument(
+        "--preflight-only",
+        type=Path,
+        metavar="FILE",
+        help="run every pre-launch check in this interpreter (inside the ranks' container), write the "
+        "stack it saw to FILE and exit, launching nothing (the sbatch script's first step)",
+    )
+    stack.add_argument(
+        "--preflighted",
+        type=Path,
+        metavar="FILE",
+        help="the pre-launch checks ran elsewhere (`--preflight-only FILE` inside the container): "
+        "skip them here and require every rank to report FILE's stack",
+    )
     parser.add_argument(
         "--inject-fault",
         action="append",
@@ -122,10 +138,17 @@ def run(args: argparse.Namespace) -> int:
         args.rdzv_endpoint,
         "python" if contained else sys.executable,
         tuple(args.srun_arg),
+        None if args.preflighted is None else read_stack(args.preflighted, recipe, rows),
     )
     check_launchable(
         recipe, faults, launcher, args.rows
     )  # refuse before the progress table appears
+    if args.preflight_only is not None:
+        write_stack(args.preflight_only, recipe, rows)
+        print(
+            f"preflight: {recipe.name} rows {' '.join(rows)} launchable; stack in {args.preflight_only}"
+        )
+        return EXIT_OK
     ensure_dir(args.out)  # a read-only or file --out is one line before the progress table appears
     with LiveProgress(recipe.name, rows, recipe.train_iters) as progress:  # stop signals: cli.main
         directory, results = run_sweep(

@@ -14,6 +14,12 @@ How the workload actually ran is part of its identity: the attention back end an
 dispatcher the ranks report (``note`` events) replace the recipe's request in the record
 (``workload.attention_backend``, ``workload.extra.moe_dispatcher``), with the request kept beside
 them when they differ.
+
+The revision pins are the ranks' own (each rank reports ``collect_revisions()`` from its interpreter,
+inside its container when there is one), never the runner's: the runner may live outside the image.
+Ranks that disagree on a pin, or ranks whose stack is not the one the launch was checked against
+(the runner's own, or the in-container preflight's), are refused by name (``StackDisagreement``):
+such a record would carry pins no golden of either stack may judge.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import re
 from typing import Any
 
 from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
 from harness.record.build import (
     hardware,
     iteration_row,
@@ -30,12 +37,54 @@ from harness.record.build import (
     run_metrics,
     workload,
 )
-from harness.record.model import IterationRow, RankPeaks, Record
+from harness.record.model import PIN_KEYS, IterationRow, RankPeaks, Record
 from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
 from harness.run.recipes import Recipe
 
 CPU_MEMORY_NOTE = "not measured: CPU tensors have no caching-allocator peak (torch.cuda.max_memory_* is CUDA-only)"
+
+
+class StackDisagreement(UsageError):
+    """The ranks of one row ran different stacks, or not the stack the launch was checked against."""
+
+
+def _pins(revisions: dict[str, Any]) -> dict[str, Any]:
+    return {key: revisions.get(key) for key in PIN_KEYS}
+
+
+def _differences(found: dict[str, Any], expected: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{key} {found.get(key)} vs {expected.get(key)}"
+        for key in PIN_KEYS
+        if found.get(key) != expected.get(key)
+    )
+
+
+def ranks_revisions(
+    row: str, ranks: list[RankEvidence], expected: dict[str, Any], checked_by: str
+) -> dict[str, Any]:
+    """The revisions the row's record carries: the lowest reporting rank's, which every other rank and
+    ``expected`` (the stack ``checked_by`` saw before launch) must match on every pin. No rank reported
+    (all died before their first line): ``expected``, the stack they were launched into."""
+    reporting = [rank for rank in ranks if rank.revisions is not None]
+    if not reporting:
+        return expected
+    lead = reporting[0]
+    assert lead.revisions is not None  # chosen above for reporting them
+    for other in reporting[1:]:
+        assert other.revisions is not None
+        if _pins(other.revisions) != _pins(lead.revisions):
+            raise StackDisagreement(
+                f"row {row!r}: rank {other.rank} and rank {lead.rank} ran different stacks "
+                f"({_differences(other.revisions, lead.revisions)}): no record is written for a mixed stack"
+            )
+    if _pins(lead.revisions) != _pins(expected):
+        raise StackDisagreement(
+            f"row {row!r}: the ranks ran another stack than {checked_by} checked "
+            f"({_differences(lead.revisions, expected)}): no record is written for it"
+        )
+    return lead.revisions
 
 
 def device_profile(name: str) -> str:

@@ -5,7 +5,8 @@ failure classification). A line is written and flushed before the phase it annou
 rank that hangs or is killed still leaves the exact iteration and phase it stopped in.
 
 Line kinds: ``start`` (rank, world size, pid, host, device kind), ``device`` (GPU name and SM, once the
-back end has set CUDA up), ``phase`` (iteration, phase), ``iteration`` (loss, step time,
+back end has set CUDA up), ``revisions`` (the stack this rank's own interpreter imports: the pins its
+record carries, read where the rank runs, inside its container), ``phase`` (iteration, phase), ``iteration`` (loss, step time,
 allocated/reserved peaks, device memory in use; written at the step's end), ``flops`` (an
 iteration's model FLOPs, once the back end knows them), ``note`` (how the workload actually ran,
 e.g. a dispatcher fallback), ``fault`` (the injected fault fired here), ``error`` (iteration, phase,
@@ -74,6 +75,9 @@ class RankEvidence:
     last_time: float | None = None
     pid: int | None = None  # the worker's pid on ``host`` (the runner watches it on its own host)
     host: str | None = None
+    revisions: dict[str, Any] | None = (
+        None  # ``collect_revisions()`` as this rank's interpreter sees it
+    )
 
     @property
     def position(self) -> tuple[int, int]:
@@ -98,6 +102,8 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
         if kind == "start":
             evidence.started = True
             evidence.pid, evidence.host = event.get("pid"), event.get("host")
+        elif kind == "revisions":
+            evidence.revisions = event["revisions"]
         elif kind == "device":
             evidence.device_name, evidence.sm = event["name"], event["sm"]
         elif kind == "phase":

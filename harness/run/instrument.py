@@ -129,6 +129,10 @@ class Instrument:
         self.enter(iteration, name)
         yield
 
+    def revisions(self, revisions: dict[str, Any]) -> None:
+        """The stack this rank runs on (``collect_revisions()`` here): the record's pins come from the ranks."""
+        self.events.emit("revisions", revisions=revisions)
+
     def note(self, key: str, value: str) -> None:
         """A fact about how the workload actually ran (e.g. a dispatcher fallback), kept in the record."""
         self.events.emit("note", key=key, value=value)

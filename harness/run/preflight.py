@@ -12,6 +12,12 @@ the GPUs would refuse every flex/HybridEP row, or validate another dispatcher th
 It allocates nothing on them, and it has exited before the first row launches.
 
     python -m harness.run.preflight REQUEST.json VERDICTS.json   (the child; the runner writes the request)
+
+Under a container (``launch --slurm --container-image``) the batch node's interpreter is not the
+ranks': the sbatch script first runs every pre-launch check as one srun step inside the image
+(``python -m harness.cli run ... --preflight-only FILE``), which writes the stack it saw to FILE
+(``write_stack``); the runner outside then launches with ``--preflighted FILE`` (``read_stack``) and
+the records must carry that stack's pins.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.files import write_json_atomic
 from harness.processes import run_bounded
@@ -71,6 +79,31 @@ def check_bridge_rows(recipe: Recipe, rows: list[str], timeout_s: float = TIMEOU
             f"recipe {recipe.name!r} row {row!r}: Megatron Bridge refuses the config before launch: "
             f"{' '.join(reason.split())}{more}"
         )
+
+
+def write_stack(path: Path, recipe: Recipe, rows: list[str]) -> None:
+    """After every check passed in this interpreter: the stack the ranks will run, for the runner."""
+    write_json_atomic(
+        Path(path), {"recipe": recipe.name, "rows": rows, "revisions": collect_revisions()}
+    )
+
+
+def read_stack(path: Path, recipe: Recipe, rows: list[str]) -> dict[str, Any]:
+    """The revisions an in-container preflight of this very sweep wrote; anything else is one line."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(
+            f"--preflighted {path}: no readable preflight result ({exc.__class__.__name__}: {exc})"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("revisions"), dict):
+        raise UsageError(f"--preflighted {path}: not a preflight result (no revisions)")
+    if data.get("recipe") != recipe.name or data.get("rows") != rows:
+        raise UsageError(
+            f"--preflighted {path}: checked recipe {data.get('recipe')!r} rows {data.get('rows')}, "
+            f"not recipe {recipe.name!r} rows {rows}"
+        )
+    return data["revisions"]
 
 
 def main(argv: list[str]) -> None:

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields, require_known
+from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.files import ensure_dir, write_json_atomic
 from harness.processes import exit_cause, exit_if_stopped
 from harness.record.io import write_record, write_sweep_plan
 from harness.record.model import Record
-from harness.run.assemble import build_record
+from harness.run.assemble import StackDisagreement, build_record, ranks_revisions
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
@@ -80,6 +81,16 @@ class Launcher:
     rdzv_endpoint: str | None = None
     python: str = "python"
     srun_args: tuple[str, ...] = ()  # e.g. pyxis --container-image, from `launch --container-image`
+    # The stack the ranks are launched into as the in-container preflight saw it (``run --preflighted``):
+    # the package, label, device and Bridge checks ran there, and the records' pins must match it.
+    # None: the ranks share this runner's interpreter stack, which is checked here.
+    preflight_revisions: dict[str, Any] | None = None
+
+    def expected_stack(self) -> tuple[dict[str, Any], str]:
+        """(the revisions every rank must report, who saw them before launch)."""
+        if self.preflight_revisions is not None:
+            return self.preflight_revisions, "the in-container preflight"
+        return collect_revisions(), "the runner"
 
     def commands(self, recipe: Recipe, row_dir: Path, rdzv_id: str) -> list[list[str]]:
         if self.kind == "local":
@@ -115,18 +126,22 @@ def check_launchable(
     rows: list[str] | None = None,
 ) -> None:
     """Packages, labels, devices, fault ranks and (bridge) Bridge's own config validation — the checks
-    that need this machine, before any launch."""
+    that need this machine, before any launch. With ``launcher.preflight_revisions`` the stack checks
+    (packages, labels, devices, Bridge) already ran inside the ranks' container, and this interpreter
+    (the batch node's, outside it) may not even hold that stack: only the launch's own inputs are checked."""
     for fault in faults:  # user input, refused before any package or device check
         fault.check_backend(recipe.backend)
-    check_packages(recipe)
-    check_labels(sweep_rows(recipe, rows))
+    in_this_python = launcher.preflight_revisions is None
+    if in_this_python:
+        check_packages(recipe)
+        check_labels(sweep_rows(recipe, rows))
     if launcher.kind == "slurm":
         host, _, port = (launcher.rdzv_endpoint or "").rpartition(":")
         if not host or not port.isdigit():
             raise UsageError(
                 "the slurm launcher needs --rdzv-endpoint HOST:PORT (the job's first node)"
             )
-    if recipe.device == "cuda":
+    if recipe.device == "cuda" and in_this_python:
         import torch
 
         if not torch.cuda.is_available():
@@ -157,7 +172,7 @@ def check_launchable(
             raise UsageError(
                 f"fault {fault.spec()!r}: the recipe runs {recipe.train_iters} iterations"
             )
-    if recipe.backend == "bridge":
+    if recipe.backend == "bridge" and in_this_python:
         check_bridge_rows(recipe, sweep_rows(recipe, rows))
 
 
@@ -263,7 +278,9 @@ def run_one_row(
             else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),
         )
     except (KeyboardInterrupt, SystemExit) as stop:  # run_row has stopped the row's processes
-        _record_interrupted(recipe, row, row_dir, record_path, directory, stop, provenance)
+        _record_interrupted(
+            recipe, row, row_dir, record_path, directory, stop, provenance, launcher
+        )
         raise
     ranks = read_row(row_dir, recipe.world_size)
     outcome = classify(
@@ -289,7 +306,8 @@ def run_one_row(
         )
     if row != CONTROL_ROW:
         outcome = against_control(outcome, control)
-    record = build_record(recipe, row, ranks, outcome, provenance=provenance)
+    revisions = ranks_revisions(row, ranks, *launcher.expected_stack())
+    record = build_record(recipe, row, ranks, outcome, revisions=revisions, provenance=provenance)
     write_record(record_path, record)
     if progress is not None:
         progress.row_finished(row, outcome, launch.elapsed_s)
@@ -307,6 +325,7 @@ def _record_interrupted(
     directory: Path,
     stop: KeyboardInterrupt | SystemExit,
     provenance: dict[str, Any],
+    launcher: Launcher,
 ) -> None:
     """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and
     the sweep a marker: nothing in the directory may look like a sweep that simply had fewer rows."""
@@ -321,7 +340,17 @@ def _record_interrupted(
         tuple(rank.rank for rank in unfinished),
         f"runner stopped by {why} while the row ran; its process tree was stopped",
     )
-    write_record(record_path, build_record(recipe, row, ranks, outcome, provenance=provenance))
+    expected, checked_by = launcher.expected_stack()
+    try:
+        revisions = ranks_revisions(row, ranks, expected, checked_by)
+    except (
+        StackDisagreement
+    ):  # the stop is what this runner reports; the mixed stack stays in the evidence
+        revisions = expected
+    write_record(
+        record_path,
+        build_record(recipe, row, ranks, outcome, revisions=revisions, provenance=provenance),
+    )
     write_json_atomic(
         directory / INTERRUPTED_MARKER,
         {

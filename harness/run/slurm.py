@@ -5,8 +5,12 @@ every node shares (the ranks' evidence is read from it).
 
 With ``container_image`` every srun step runs in that image through pyxis/enroot (``srun
 --container-image``, as NeMo-Run's Slurm executor does); the batch script itself stays outside, because a
-containerised batch script cannot call srun. The image's own python runs the ranks, so it needs the
-harness importable (installed with ``--no-deps``, or this checkout mounted: the work directory and the
+containerised batch script cannot call srun. So the batch node's python never judges the image's
+stack: the script's first srun step runs every pre-launch check (packages, labels, GPUs, Bridge's
+validation) inside the image and writes the stack it saw (``run --preflight-only``); when it refuses,
+the job fails there with its one line. The runner then launches with ``--preflighted`` and every
+record's pins are the ranks' own, checked against that stack. The image's own python runs the ranks
+and the preflight, so it needs the harness importable (installed with ``--no-deps``, or this checkout mounted: the work directory and the
 sweep directory are mounted at the same paths). With ``golden_dir`` the script compares the sweep's
 records with their golden after the run and exits non-zero when either failed."""
 
@@ -129,9 +133,34 @@ def sbatch_script(
     ]
     if tuple(rows) != recipe.rows:
         run += ["--rows", *rows]  # the [] control included: a control-only sweep still names a row
-    run += [f"--srun-arg={arg}" for arg in container_srun_args(options, workdir, out)]
+    rendezvous = f' --rdzv-endpoint "$HEAD:{options.port}"'
+    container = container_srun_args(options, workdir, out)
+    preflight: list[str] = []
+    if container:
+        # Inside the image `recompute-harness` may not be on PATH (a mounted checkout): its python runs it.
+        check = [
+            "srun",
+            "--nodes=1",
+            "--ntasks=1",
+            *container,
+            "python",
+            "-m",
+            "harness.cli",
+            *run[1:],
+        ]
+        preflight = [
+            "# Every pre-launch check runs inside the image, where the ranks will run.",
+            f'PREFLIGHT={shlex.quote(str(out))}/preflight-"$SLURM_JOB_ID".json',
+            " ".join(shlex.quote(part) for part in check)
+            + rendezvous
+            + ' --preflight-only "$PREFLIGHT" || { echo "recompute-harness: the in-container '
+            'preflight refused the sweep (its reason is the line above); nothing launched" >&2; exit 2; }',
+        ]
+        run += ["--preflighted", "$PREFLIGHT"]
+    run += [f"--srun-arg={arg}" for arg in container]
     command = (
-        " ".join(shlex.quote(part) for part in run) + f' --rdzv-endpoint "$HEAD:{options.port}"'
+        " ".join('"$PREFLIGHT"' if part == "$PREFLIGHT" else shlex.quote(part) for part in run)
+        + rendezvous
     )
     if options.golden_dir is not None:
         compare = ["recompute-harness", "compare", "--golden-dir", str(options.golden_dir)]
@@ -155,6 +184,7 @@ def sbatch_script(
         *([options.setup] if options.setup else []),
         "# The c10d rendezvous store lives on the first node of the allocation.",
         'HEAD="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        *preflight,
         command,
         "",
     ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from harness.config.revisions import collect_revisions
 from harness.cpu.deferred_compile import (
     compile_disabled,
     defer_compile_before_megatron_core,
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> None:
         run_compiled_helpers_eagerly()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     instrument = Instrument(row_dir, rank, recipe.device)
+    # This interpreter's stack, read before the back end's import (a rank whose import fails still says
+    # what it would have run): inside a container it is the image's, which the runner cannot see.
+    instrument.revisions(collect_revisions())
     # Eager or compiled helpers change step time, not memory: the record says which ran.
     instrument.note("torch_compile", "disabled" if compile_disabled() else "enabled")
     try:
