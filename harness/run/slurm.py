@@ -10,8 +10,8 @@ stack: the script's first srun step runs every pre-launch check (packages, label
 validation) inside the image and writes the stack it saw (``run --preflight-only``); when it refuses,
 the job fails there with its one line. The runner then launches with ``--preflighted`` and every
 record's pins are the ranks' own, checked against that stack. The image's own python runs the ranks
-and the preflight, so it needs the harness importable (installed with ``--no-deps``, or this checkout mounted: the work directory and the
-sweep directory are mounted at the same paths). With ``golden_dir`` the script compares the sweep's
+and the preflight, so it needs the harness importable (installed with ``--no-deps``, or this checkout
+mounted: the work directory and the sweep directory are mounted at the same paths). With ``golden_dir`` the script compares the sweep's
 records with their golden after the run and exits non-zero when either failed."""
 
 from __future__ import annotations
@@ -149,12 +149,11 @@ def sbatch_script(
             *run[1:],
         ]
         preflight = [
-            "# Every pre-launch check runs inside the image, where the ranks will run.",
+            "# Every pre-launch check runs inside the image, where the ranks will run; a refusal ends the job.",
             f'PREFLIGHT={shlex.quote(str(out))}/preflight-"$SLURM_JOB_ID".json',
             " ".join(shlex.quote(part) for part in check)
             + rendezvous
-            + ' --preflight-only "$PREFLIGHT" || { echo "recompute-harness: the in-container '
-            'preflight refused the sweep (its reason is the line above); nothing launched" >&2; exit 2; }',
+            + ' --preflight-only "$PREFLIGHT" || exit 2',  # its one line says why; nothing launched
         ]
         run += ["--preflighted", "$PREFLIGHT"]
     run += [f"--srun-arg={arg}" for arg in container]

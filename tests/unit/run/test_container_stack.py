@@ -3,7 +3,8 @@
 A container is stood in for by what makes one different from the runner's host: an interpreter whose
 ``import megatron.core`` loads another release (a real megatron-core 0.19.0 wheel overlaid first on
 ``PYTHONPATH``, ``tests/support/overlays.py``). The ranks are real torchrun workers on gloo (the 2-node
-CPU recipe: one torchrun per "node", so one node can be given the overlay and the other not)."""
+CPU recipe: one torchrun per "node", so one node can be given the overlay and the other not); the
+first sweep is also the runner's 2-node rendezvous test."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from harness.run.preflight import read_stack
 from harness.run.recipes import Recipe, load_recipe
 from harness.run.runner import Launcher, run_sweep, sweep_rows
 from harness.run.slurm import SlurmOptions, sbatch_script
+from harness.run.torchrun import processes_with_token
 
 OTHER_RELEASE = "0.19.0"  # the venv pins 0.19.2 (ci/constraints-cpu.txt)
 
@@ -84,7 +86,7 @@ def test_sbatch_script_runs_the_preflight_inside_the_container_before_the_runner
         "slurm",
     )
     # A refusal fails the job there, in one line, before any row's srun step.
-    assert check.endswith('nothing launched" >&2; exit 2; }')
+    assert check.endswith('--preflight-only "$PREFLIGHT" || exit 2')
     # Without an image the batch node's python is the ranks': no separate step.
     plain = sbatch_script(recipe, tmp_path / "out", ["[]"], SlurmOptions(), tmp_path / "work")
     assert "--preflight" not in plain and not any(
@@ -110,6 +112,7 @@ def test_the_in_container_preflight_refuses_in_one_line(tmp_path):
     )
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert "needs megatron.bridge" in done.stderr
     assert not (tmp_path / "preflight.json").exists()
 
 
@@ -137,6 +140,17 @@ def test_records_carry_the_stack_the_ranks_ran_not_the_runners(tmp_path):
     )
     _, (result,) = run_sweep(recipe, tmp_path / "sweep", launcher=launcher)
     assert result.record.revisions.pins() == {key: contained[key] for key in PIN_KEYS}
+    # The same sweep is the 2-node c10d rendezvous on localhost (one torchrun per node).
+    assert result.outcome.status == "completed", result.outcome.message
+    assert sorted(p.name for p in result.row_dir.glob("launcher*.log")) == [
+        "launcher0.log",
+        "launcher1.log",
+    ]
+    for node in (0, 1):  # each node's torchrun kept its one rank's logs
+        assert len(list(result.row_dir.glob(f"torchrun/node{node}/*/attempt_0/0/stdout.log"))) == 1
+    assert result.record.workload.extra["nnodes"] == "2"
+    assert result.record.workload.parallelism.ep == 2
+    assert processes_with_token(result.launch.token) == []
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The runner's whole path on CPU: real torchrun, real gloo, real Megatron Core (mcore back end with
-the CPU adapter), real records — 2 ranks with expert parallel 2, and a 2-node c10d rendezvous on
-localhost. Fault-injection runs live in test_faults.py."""
+the CPU adapter), real records — 2 ranks with expert parallel 2 (the 2-node c10d rendezvous on localhost runs in
+test_container_stack.py). Fault-injection runs live in test_faults.py."""
 
 from __future__ import annotations
 
@@ -102,19 +102,3 @@ def test_the_report_keeps_a_plot_that_cannot_be_drawn_or_written_as_a_reason(ep2
     assert data["plot"] is None and [row["row"] for row in data["rows"]] == ["[]"]
     assert control_only.unwritten is None and not (tmp_path / "control-only").exists()
     assert control_only.why_not == "only the [] control was measured: nothing to compare it with"
-
-
-def test_two_node_rendezvous_on_localhost(tmp_path):
-    recipe = load_recipe("cpu-moonlight-ep2-2node")
-    _, results = run_sweep(recipe, tmp_path)
-    (result,) = results
-    assert result.outcome.status == "completed", result.outcome.message
-    assert sorted(p.name for p in result.row_dir.glob("launcher*.log")) == [
-        "launcher0.log",
-        "launcher1.log",
-    ]
-    for node in (0, 1):  # each node's torchrun kept its one rank's logs
-        assert len(list(result.row_dir.glob(f"torchrun/node{node}/*/attempt_0/0/stdout.log"))) == 1
-    assert result.record.workload.extra["nnodes"] == "2"
-    assert result.record.workload.parallelism.ep == 2
-    assert processes_with_token(result.launch.token) == []
