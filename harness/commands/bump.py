@@ -113,16 +113,16 @@ def run(args: argparse.Namespace) -> int:
             )
 
     def probe() -> None:
-        from harness.commands.probe import golden_step, refuse_unpinnable
+        from harness.commands.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 
         try:
-            refuse_unpinnable(write=True, golden_dir=args.golden_dir)
+            drift = refuse_unpinnable(write=True, golden_dir=args.golden_dir)
         except UsageError as exc:
             print(f"refused: {exc}")
             summary.left.append("CPU goldens: the probe refused to write (see above)")
             summary.next_steps.append(
-                "review each drifted object's upstream change, add its digest in "
-                "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh"
+                "make the CPU adapter pass its self-check on this revision "
+                "(harness/cpu/self_check.py says what failed), then rerun ci/golden-refresh.sh"
             )
             return
         from harness.models import STYLE_MODELS
@@ -135,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
         unmeasured = unmeasured_table(probes)
         if unmeasured:
             print(unmeasured + "\n")
-        lines, written, _ = golden_step(probes, write=True, golden_dir=args.golden_dir)
-        print("\n".join(lines))
+        lines, written, _ = golden_step(
+            probes, write=True, golden_dir=args.golden_dir, adapter_drift=drift
+        )
+        print("\n".join(adapter_drift_lines(drift) + lines))
         summary.refreshed += written
 
     _step(summary, "identity", identity)
@@ -148,7 +150,12 @@ def run(args: argparse.Namespace) -> int:
         drifted = drifted_objects()
         print(
             "\nCPU adapter: "
-            + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision")
+            + (
+                f"replaced objects changed since review: {', '.join(drifted)}"
+                if drifted
+                else "its replaced objects match their review"
+            )
+            + " (its self-check runs with the probe)"
         )
         summary.left.append("CPU goldens (--no-probe)")
     else:

@@ -80,25 +80,33 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
     return sizes
 
 
-def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> None:
-    """Before anything runs: an MCore without an identity, a drifted adapter or (to write) a golden
-    directory that cannot be written is one line and exit 2."""
+def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> list[str]:
+    """Before anything runs: an MCore without an identity, an adapter failing its self-check or (to
+    write) a golden directory that cannot be written is one line and exit 2. Returns the replaced
+    objects' drift lines (``harness.cpu.adapter.replaced_drift``): reported, never refused."""
     from harness.config.revisions import require_identity
 
     require_identity()  # before torch and Megatron Core are imported
-    from harness.cpu.adapter import require_supported_revision
+    from harness.cpu.adapter import require_working_adapter
     from harness.files import require_writable_dir
     from harness.record.golden_dir import directory_for, golden_root
 
     if write:
         require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
 
-    require_supported_revision("write CPU goldens" if write else "judge CPU goldens")
+    return require_working_adapter("write CPU goldens" if write else "judge CPU goldens")
+
+
+def adapter_drift_lines(drift: list[str]) -> list[str]:
+    return [
+        f"CPU adapter: a replaced upstream object changed since review: {line}" for line in drift
+    ]
 
 
 def run(args: argparse.Namespace) -> int:
+    drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
-        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+        drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
     from harness.models import STYLE_MODELS, style_model
 
     if args.list:
@@ -147,14 +155,20 @@ def run(args: argparse.Namespace) -> int:
             print()
     exit_code = EXIT_OK
     if args.write_golden or args.check_golden:
-        lines, _, differs = golden_step(probes, write=args.write_golden, golden_dir=args.golden_dir)
-        print("\n".join(lines))
+        lines, _, differs = golden_step(
+            probes, write=args.write_golden, golden_dir=args.golden_dir, adapter_drift=drift
+        )
+        print("\n".join(adapter_drift_lines(drift) + lines))
         exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
     return exit_code
 
 
 def golden_step(
-    probes: list, *, write: bool, golden_dir: Path | None = None
+    probes: list,
+    *,
+    write: bool,
+    golden_dir: Path | None = None,
+    adapter_drift: list[str] | None = None,
 ) -> tuple[list[str], list[str], bool]:
     """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
 
@@ -170,7 +184,7 @@ def golden_step(
         path, problems = check_probe_golden(probe, golden_dir)
         differs = differs or bool(problems)
         if write:
-            path, written = write_probe_golden(probe, golden_dir)
+            path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
             lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
             written_paths += [str(path)] if written else []
         else:

@@ -105,11 +105,14 @@ def _without_volatile(golden: dict[str, Any]) -> dict[str, Any]:
     return {**golden, "provenance": provenance}
 
 
-def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, bool]:
+def write_probe_golden(
+    probe: ModelProbe, root: Path | None = None, *, adapter_drift: list[str] | None = None
+) -> tuple[Path, bool]:
     """Write (atomically) the golden for this model and the installed revisions: (path, written).
 
     An existing golden that differs only in ``VOLATILE_PROVENANCE`` is left alone, byte for byte, so a
-    refresh on an unchanged revision writes nothing.
+    refresh on an unchanged revision writes nothing. ``adapter_drift`` (the CPU adapter's replaced
+    objects whose upstream source is not a reviewed one) is kept in the provenance when there is any.
     """
     records = probe_records(probe)
     path = golden_path_for(records, writable(golden_root(root)))
@@ -122,6 +125,7 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "gpu": None,
             "driver": None,
+            **({"cpu_adapter_drift": adapter_drift} if adapter_drift else {}),
         },
     )
     golden.unmeasured = unmeasured_entries(probe)
