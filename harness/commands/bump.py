@@ -91,10 +91,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"note: {note}")
 
     def labels() -> None:
-        from harness.record.label_manifest import manifest_problem, write_manifest
+        from harness.record.label_manifest import manifest_verdict, write_manifest
 
-        problem = manifest_problem(args.golden_dir)
-        print(problem or "recompute labels match the manifest")
+        print(manifest_verdict(args.golden_dir)[0])
         path, written = write_manifest(args.golden_dir)
         print(f"{'wrote' if written else 'unchanged'} {path}")
         summary.refreshed += [str(path)] if written else []

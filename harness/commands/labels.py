@@ -26,16 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.config.labels import accepted_labels
     from harness.config.revisions import collect_revisions
-    from harness.record.label_manifest import manifest_problem, write_manifest
+    from harness.record.label_manifest import manifest_verdict, write_manifest
 
     if args.write_manifest:
         path, written = write_manifest(args.golden_dir)
         print(f"{'wrote' if written else 'unchanged'} {path}")
         return EXIT_OK
     if args.check:
-        problem = manifest_problem(args.golden_dir)
-        print(problem or "recompute labels match the manifest")
-        return EXIT_FAILED if problem else EXIT_OK
+        line, changed = manifest_verdict(args.golden_dir)
+        print(line)
+        return EXIT_FAILED if changed else EXIT_OK
     labels = sorted(accepted_labels())
     if args.json:
         fingerprint = collect_revisions()["megatron_core"]["fingerprint"]

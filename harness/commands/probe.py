@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
     label_sets = parse_label_sets(args.modules) if args.modules else None
 
-    from harness.probe.runner import probe_models
+    from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
         attribution_table,
         carried_table,
@@ -153,13 +153,18 @@ def run(args: argparse.Namespace) -> int:
         if unmeasured:
             print(unmeasured)
             print()
-    exit_code = EXIT_OK
+    errors = probe_errors(probes)
+    if errors:
+        print(f"{len(errors)} row(s) raised (status error; the rest was probed):")
+        print("\n".join(f"  {line}" for line in errors))
+    exit_code = EXIT_FAILED if errors else EXIT_OK
     if args.write_golden or args.check_golden:
         lines, _, differs = golden_step(
             probes, write=args.write_golden, golden_dir=args.golden_dir, adapter_drift=drift
         )
         print("\n".join(adapter_drift_lines(drift) + lines))
-        exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
+        if differs and args.check_golden:
+            exit_code = EXIT_FAILED
     return exit_code
 
 
@@ -175,18 +180,31 @@ def golden_step(
     Returns (report lines, paths written, whether any golden differed). The diff against the golden
     being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
     """
-    from harness.probe.golden import REFRESH_COMMAND, check_probe_golden, write_probe_golden
+    from harness.probe.golden import REFRESH_COMMAND, judge_probe_golden, write_probe_golden
+    from harness.probe.status import ERROR
 
     lines: list[str] = []
     written_paths: list[str] = []
     differs = False
     for probe in probes:
-        path, problems = check_probe_golden(probe, golden_dir)
+        path, problems, same_as = judge_probe_golden(probe, golden_dir)
         differs = differs or bool(problems)
-        if write:
+        raised = [row.label for row in probe.rows if row.status == ERROR]
+        if write and raised:
+            # A golden without those rows would pin their absence: nothing is written for the model.
+            lines.append(
+                f"{probe.model}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
+            )
+            differs = True
+        elif write:
             path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
             lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
             written_paths += [str(path)] if written else []
+        elif same_as is not None:
+            lines.append(
+                f"{probe.model}: same behaviour: no golden {path.name} for this new revision, and "
+                f"no value changed against {same_as.name}"
+            )
         else:
             lines.append(
                 f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"

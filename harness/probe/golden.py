@@ -142,29 +142,40 @@ def write_probe_golden(
 
 
 def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
-    """(golden path, problems): one readable line per changed value or unmeasured status; empty when
-    everything matches. For new pins: that the golden is missing, then the diff against the newest
-    golden of the same model (the Megatron Core bump's per-label diff)."""
+    """(golden path, problems): ``judge_probe_golden`` without the earlier golden it matched."""
+    path, problems, _ = judge_probe_golden(probe, root)
+    return path, problems
+
+
+def judge_probe_golden(
+    probe: ModelProbe, root: Path | None = None
+) -> tuple[Path, list[str], Path | None]:
+    """(golden path, problems, same as): one readable line per changed value or unmeasured status;
+    no problems when everything matches. For new pins (no golden for these revisions): the diff
+    against the newest golden of the same model (the Megatron Core bump's per-label diff); when no
+    value changed there, no problems and ``same as`` names that golden: a new revision, same behaviour."""
     records = probe_records(probe)
     path = golden_path_for(records, existing(golden_root(root)))
     unmeasured = unmeasured_entries(probe)
     if path.is_file():
         golden = load_golden(path)
         problems = _changed_values(compare_records(golden, records, str(path)))
-        return path, problems + _unmeasured_changes(golden, unmeasured)
-    problems = [f"no CPU golden {path.name} for these revisions"]
+        return path, problems + _unmeasured_changes(golden, unmeasured), None
+    missing = f"no CPU golden {path.name} for these revisions"
     found = newest_like(path)
-    if found is not None:
-        # After a Megatron Core bump: show per label what changed against the last pinned golden.
-        previous, golden = found
-        changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
-        changed += _unmeasured_changes(golden, unmeasured)
-        problems.append(
-            f"against {previous.name} (other revisions): "
-            + (f"{len(changed)} change(s)" if changed else "no value changed")
-        )
-        problems += changed
-    return path, problems
+    if found is None:
+        return path, [missing], None
+    # After a Megatron Core bump: show per label what changed against the last pinned golden.
+    previous, golden = found
+    changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
+    changed += _unmeasured_changes(golden, unmeasured)
+    if not changed:
+        return path, [], previous
+    return (
+        path,
+        [missing, f"against {previous.name} (other revisions): {len(changed)} change(s)", *changed],
+        None,
+    )
 
 
 def _unmeasured_key(entry: dict[str, Any]) -> tuple[str, str | None]:

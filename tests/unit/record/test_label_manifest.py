@@ -6,8 +6,15 @@ import json
 
 import pytest
 
+from harness.cli import main
+from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
-from harness.record.label_manifest import REFRESH_COMMAND, manifest_problem, write_manifest
+from harness.record.label_manifest import (
+    REFRESH_COMMAND,
+    manifest_problem,
+    manifest_verdict,
+    write_manifest,
+)
 
 
 def test_labels_match_the_manifest_pinned_for_this_megatron_core():
@@ -46,14 +53,28 @@ def test_an_unwritable_manifest_directory_is_refused(tmp_path):
         write_manifest(blocked / "labels")
 
 
-def test_new_fingerprint_is_compared_with_the_newest_manifest(tmp_path):
+def test_new_fingerprint_with_the_same_labels_is_same_behaviour(tmp_path):
     path, _ = write_manifest(tmp_path)
     path.rename(path.parent / "0000000000000000.json")
-    problem = manifest_problem(tmp_path)
-    assert (
-        "no label manifest for Megatron Core fingerprint" in problem
-        and "labels unchanged" in problem
+    line, changed = manifest_verdict(tmp_path)
+    assert not changed and manifest_problem(tmp_path) is None
+    assert line.startswith("same behaviour: no label manifest for Megatron Core fingerprint")
+    version = collect_revisions()["megatron_core"]["version"]
+    assert line.endswith(
+        f"newest is 0000000000000000.json (megatron-core {version}): labels unchanged"
     )
+    assert main(["labels", "--check", "--golden-dir", str(tmp_path)]) == 0
+
+
+def test_new_fingerprint_with_other_labels_is_a_change(tmp_path):
+    path, _ = write_manifest(tmp_path)
+    manifest = json.loads(path.read_text())
+    manifest["labels"].append("harness_retired_label")
+    path.unlink()
+    (path.parent / "0000000000000000.json").write_text(json.dumps(manifest))
+    line, changed = manifest_verdict(tmp_path)
+    assert changed and "removed: harness_retired_label" in line
+    assert main(["labels", "--check", "--golden-dir", str(tmp_path)]) == 1
 
 
 def test_corrupt_manifest_is_a_usage_error(tmp_path):
