@@ -162,7 +162,9 @@ def judge_probe_golden(
         problems = _changed_values(compare_records(golden, records, str(path)))
         return path, problems + _unmeasured_changes(golden, unmeasured), None
     missing = f"no CPU golden {path.name} for these revisions"
-    found = newest_like(path)
+    found = newest_like(
+        path, (records[0].pins()["megatron_core"] or {}).get("version") if records else None
+    )
     if found is None:
         return path, [missing], None
     # After a Megatron Core bump: show per label what changed against the last pinned golden.

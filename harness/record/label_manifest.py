@@ -88,8 +88,11 @@ def manifest_verdict(root: Path | None = None) -> tuple[str, bool]:
         reference = _load(path)
         headline = f"recompute labels differ from the manifest {path.name}"
     else:
+        version = collect_revisions()["megatron_core"]["version"]
+        # The nearest revision first (same Megatron Core version), then the newest manifest.
         others = sorted(
-            ((p, _load(p)) for p in directory.glob("*.json")), key=lambda item: item[1]["created"]
+            ((p, _load(p)) for p in directory.glob("*.json")),
+            key=lambda item: (item[1]["megatron_core"]["version"] == version, item[1]["created"]),
         )
         if not others:
             return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}", True
