@@ -21,12 +21,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="unfused",
         help="core attention of the probe on both sides (as in probe)",
     )
+    parser.add_argument(
+        "--model",
+        action="append",
+        metavar="NAME",
+        help="probe only this style model (repeatable; default: every one; see probe --list)",
+    )
     parser.add_argument("--json", action="store_true", help="print the diff as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
     from harness.compare.tree_diff import diff_trees
 
-    found = diff_trees(args.a, args.b, args.attention_backend)
+    found = diff_trees(args.a, args.b, args.attention_backend, args.model)
     print(json.dumps(found.to_json(), indent=2) if args.json else "\n".join(found.lines()))
     return EXIT_FAILED if found.changed else EXIT_OK

@@ -87,7 +87,7 @@ def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> list[st
     from harness.config.revisions import require_identity
 
     require_identity()  # before torch and Megatron Core are imported
-    from harness.cpu.adapter import require_working_adapter
+    from harness.cpu.self_check import require_working_adapter
     from harness.files import require_writable_dir
     from harness.record.golden_dir import directory_for, golden_root
 

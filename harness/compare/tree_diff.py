@@ -83,14 +83,21 @@ class _Side:
         )
 
 
-def _start(tree: Path, attention_backend: str) -> _Side:
+def _start(tree: Path, attention_backend: str, models: list[str]) -> _Side:
     exit_if_stopped()
     libc_prctl()  # loaded before the fork that runs die_with_parent
     # Files, not pipes: a side's JSON outgrows a pipe while the other side is being waited for.
     stdout = tempfile.TemporaryFile()  # noqa: SIM115 - closed by describe_trees, with the child
     stderr = tempfile.TemporaryFile()  # noqa: SIM115
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.probe.tree_side", "--attention-backend", attention_backend],
+        [
+            sys.executable,
+            "-m",
+            "harness.probe.tree_side",
+            "--attention-backend",
+            attention_backend,
+            *(word for model in models for word in ("--model", model)),
+        ],
         stdout=stdout,
         stderr=stderr,
         env=_side_env(tree),
@@ -106,11 +113,14 @@ def _last_line(text: str) -> str:
 
 
 def describe_trees(
-    trees: tuple[Path, Path], attention_backend: str = "unfused", timeout_s: float = SIDE_TIMEOUT_S
+    trees: tuple[Path, Path],
+    attention_backend: str = "unfused",
+    models: list[str] | None = None,
+    timeout_s: float = SIDE_TIMEOUT_S,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Both sides' descriptions, probed at once; ``UsageError`` naming the first side that cannot be
     probed (the other is stopped then, not waited for)."""
-    sides = [_start(tree, attention_backend) for tree in trees]
+    sides = [_start(tree, attention_backend, models or []) for tree in trees]
     deadline = time.monotonic() + timeout_s
     try:
         while any(side.process.poll() is None for side in sides):
@@ -265,11 +275,14 @@ class TreeDiff:
         }
 
 
-def diff_trees(a: Path, b: Path, attention_backend: str = "unfused") -> TreeDiff:
-    """Probe both trees and compare them (``UsageError`` when either is not a probeable tree)."""
+def diff_trees(
+    a: Path, b: Path, attention_backend: str = "unfused", models: list[str] | None = None
+) -> TreeDiff:
+    """Probe both trees (every style model, or ``models``) and compare them (``UsageError`` when
+    either is not a probeable tree)."""
     cores = core_of(a), core_of(b)
     rules = firing_rules(cores[0]), firing_rules(cores[1])
-    sides = describe_trees((Path(a), Path(b)), attention_backend)
+    sides = describe_trees((Path(a), Path(b)), attention_backend, models)
     labels = set(sides[0]["labels"]), set(sides[1]["labels"])
     return TreeDiff(
         sides,

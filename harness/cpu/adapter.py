@@ -50,9 +50,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-from harness.config.revisions import collect_revisions
 from harness.cpu.deferred_compile import upstream_compile
-from harness.errors import UsageError
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
 # it was reviewed on}. These are review notes, not a gate: code the adapter merely runs (every
@@ -109,25 +107,6 @@ def replaced_drift() -> list[str]:
 def drifted_objects() -> list[str]:
     """The names of the drifted replaced objects alone, in ``replaced_drift()`` order."""
     return [line.split(":", 1)[0] for line in replaced_drift()]
-
-
-def require_working_adapter(action: str) -> list[str]:
-    """Run the behavioural self-check (``harness.cpu.self_check``) on this revision; raise
-    ``UsageError`` (exit 2, one line) when it fails. Returns ``replaced_drift()``: reported, not refused.
-
-    ``action`` says what a failure refuses ("write CPU goldens").
-    """
-    from harness.cpu.self_check import self_check_problems  # imports this module
-
-    init_cpu_parallel_state()
-    problems = self_check_problems()
-    if problems:
-        mcore = collect_revisions()["megatron_core"] or {}
-        raise UsageError(
-            f"refusing to {action}: the CPU adapter fails its self-check on megatron-core "
-            f"{mcore.get('version')} (fingerprint {mcore.get('fingerprint')}): {'; '.join(problems)}"
-        )
-    return replaced_drift()
 
 
 class _FP8Disabled:

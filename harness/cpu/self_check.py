@@ -30,7 +30,9 @@ from typing import Any
 import torch
 from megatron.core.tensor_parallel import random as mcore_random
 
-from harness.cpu.adapter import reseed
+from harness.config.revisions import collect_revisions
+from harness.cpu.adapter import init_cpu_parallel_state, replaced_drift, reseed
+from harness.errors import UsageError
 
 # Entry points of the output-discard path; absent ones (older revisions) are skipped.
 OUTPUT_DISCARD_CLASSES = (
@@ -207,3 +209,17 @@ def self_check_problems() -> list[str]:
         for name, where in sorted(unbound_output_discard_names().items())
     ]
     return problems or replay_problems()
+
+
+def require_working_adapter(action: str) -> list[str]:
+    """Run the self-check on this revision; raise ``UsageError`` (exit 2, one line) when it fails.
+    Returns ``replaced_drift()``: reported, not refused. ``action`` says what a failure refuses."""
+    init_cpu_parallel_state()
+    problems = self_check_problems()
+    if problems:
+        mcore = collect_revisions()["megatron_core"] or {}
+        raise UsageError(
+            f"refusing to {action}: the CPU adapter fails its self-check on megatron-core "
+            f"{mcore.get('version')} (fingerprint {mcore.get('fingerprint')}): {'; '.join(problems)}"
+        )
+    return replaced_drift()

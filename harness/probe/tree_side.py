@@ -3,7 +3,7 @@ Core tree first, it prints (JSON on stdout) what that tree does: its identity, t
 validator accepts, and a probe of every style model. A tree on which the CPU adapter fails its
 self-check is refused (one line on stderr, exit 2): its numbers would not be Megatron Core's.
 
-``python -m harness.probe.tree_side [--attention-backend unfused|fused]``
+``python -m harness.probe.tree_side [--attention-backend unfused|fused] [--model NAME ...]``
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from harness.errors import EXIT_USAGE
 from harness.noise import silence_known_noise
 
 
-def describe_tree(attention_backend: str) -> dict:
+def describe_tree(attention_backend: str, models: list[str] | None = None) -> dict:
     """Identity, accepted labels and every style model's probe rows of the imported Megatron Core."""
     from harness.config.labels import accepted_labels
     from harness.config.revisions import megatron_core_identity
@@ -38,7 +38,9 @@ def describe_tree(attention_backend: str) -> dict:
         if problems
         else [
             probe_json(probe)
-            for probe in probe_models(list(STYLE_MODELS), attention_backend=attention_backend)
+            for probe in probe_models(
+                models or list(STYLE_MODELS), attention_backend=attention_backend
+            )
         ],
     }
 

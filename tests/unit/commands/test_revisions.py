@@ -64,7 +64,7 @@ def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
     probe = harness(copy, "probe", "--model", "dense-tiny", "--check-golden")
     assert probe.returncode == 0, probe.stdout[-3000:]
     assert "dense-tiny: same behaviour: no golden " in probe.stdout
-    diff = harness(None, "diff", str(installed.parent), str(copy))
+    diff = harness(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))
     assert diff.returncode == 0, diff.stdout + diff.stderr
     assert diff.stdout.rstrip().endswith(
         "verdict: same behaviour (new fingerprint, no value changed)"

@@ -26,7 +26,7 @@ def test_replaced_drift_is_reported_by_name_not_refused(monkeypatch, cpu_group):
     name = "megatron.core.tensor_parallel.random._set_cuda_rng_state"
     monkeypatch.setitem(adapter.PATCHED_SURFACE, name, {"0" * 16: "a revision never installed"})
     assert adapter.drifted_objects() == [name]
-    assert adapter.require_working_adapter("write CPU goldens") == adapter.replaced_drift()
+    assert self_check.require_working_adapter("write CPU goldens") == adapter.replaced_drift()
     assert adapter.replaced_drift()[0].startswith(f"{name}: source digest ")
 
 
@@ -69,7 +69,7 @@ def test_self_check_fails_when_the_rng_state_saved_is_not_the_one_dropout_draws_
         "CheckpointWithoutOutput",
     ], problems
     with pytest.raises(UsageError, match=r"refusing to judge CPU goldens: .*fails its self-check"):
-        adapter.require_working_adapter("judge CPU goldens")
+        self_check.require_working_adapter("judge CPU goldens")
 
 
 def test_self_check_names_an_unbound_te_name_on_the_output_discard_path(monkeypatch, cpu_group):
@@ -83,7 +83,7 @@ def test_self_check_names_an_unbound_te_name_on_the_output_discard_path(monkeypa
         )
     ]
     with pytest.raises(UsageError) as refused:
-        adapter.require_working_adapter("write CPU goldens")
+        self_check.require_working_adapter("write CPU goldens")
     assert "\n" not in str(refused.value) and "fp8_autocast" in str(refused.value)
 
 
