@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from harness.commands.options import add_golden_dir
+from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
+from harness.probe.plan import parse_label_sets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S  # light: no torch
-
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--model", help="style model to probe (see --list)")
     target.add_argument("--all", action="store_true", help="probe every style model")
@@ -80,48 +80,14 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
     return sizes
 
 
-def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> list[str]:
-    """Before anything runs: an MCore without an identity, an adapter failing its self-check or (to
-    write) a golden directory that cannot be written is one line and exit 2. Returns the replaced
-    objects' drift lines (``harness.cpu.adapter.replaced_drift``): reported, never refused."""
-    from harness.config.revisions import require_identity
-
-    require_identity()  # before torch and Megatron Core are imported
-    from harness.cpu.self_check import require_working_adapter
-    from harness.files import require_writable_dir
-    from harness.record.golden_dir import directory_for, golden_root
-
-    if write:
-        require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
-
-    return require_working_adapter("write CPU goldens" if write else "judge CPU goldens")
-
-
-def adapter_drift_lines(drift: list[str]) -> list[str]:
-    return [
-        f"CPU adapter: a replaced upstream object changed since review: {line}" for line in drift
-    ]
-
-
 def run(args: argparse.Namespace) -> int:
-    drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
-        drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+        require_identity()  # refused before torch and Megatron Core are imported (below)
+    # Measured start-up cost: harness.probe / harness.models / harness.golden.probe import torch and
+    # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
+    # revision's refusal never pay.
+    from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, style_model
-
-    if args.list:
-        for style in STYLE_MODELS.values():
-            print(f"{style.name:<16} {style.description}")
-        return EXIT_OK
-    names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
-    if not 0 < args.hang_timeout <= 600:
-        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
-    sizes = _sizes(args)
-
-    from harness.probe.plan import parse_label_sets
-
-    label_sets = parse_label_sets(args.modules) if args.modules else None
-
     from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
         attribution_table,
@@ -131,6 +97,18 @@ def run(args: argparse.Namespace) -> int:
         unmeasured_table,
     )
 
+    drift: list[str] = []
+    if (args.write_golden or args.check_golden) and not args.list:
+        drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+    if args.list:
+        for style in STYLE_MODELS.values():
+            print(f"{style.name:<16} {style.description}")
+        return EXIT_OK
+    names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
+    if not 0 < args.hang_timeout <= 600:
+        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
+    sizes = _sizes(args)
+    label_sets = parse_label_sets(args.modules) if args.modules else None
     probes = probe_models(
         names,
         label_sets,
@@ -166,51 +144,3 @@ def run(args: argparse.Namespace) -> int:
         if differs and args.check_golden:
             exit_code = EXIT_FAILED
     return exit_code
-
-
-def golden_step(
-    probes: list,
-    *,
-    write: bool,
-    golden_dir: Path | None = None,
-    adapter_drift: list[str] | None = None,
-) -> tuple[list[str], list[str], bool]:
-    """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
-
-    Returns (report lines, paths written, whether any golden differed). The diff against the golden
-    being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
-    """
-    from harness.probe.golden import REFRESH_COMMAND, judge_probe_golden, write_probe_golden
-    from harness.probe.status import ERROR
-
-    lines: list[str] = []
-    written_paths: list[str] = []
-    differs = False
-    for probe in probes:
-        path, problems, same_as = judge_probe_golden(probe, golden_dir)
-        differs = differs or bool(problems)
-        raised = [row.label for row in probe.rows if row.status == ERROR]
-        if write and raised:
-            # A golden without those rows would pin their absence: nothing is written for the model.
-            lines.append(
-                f"{probe.model}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
-            )
-            differs = True
-        elif write:
-            path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
-            lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
-            written_paths += [str(path)] if written else []
-        elif same_as is not None:
-            lines.append(
-                f"{probe.model}: same behaviour: no golden {path.name} for this new revision, and "
-                f"no value changed against {same_as.name}"
-            )
-        else:
-            lines.append(
-                f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
-            )
-            problems += (
-                [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
-            )
-        lines += [f"  {problem}" for problem in problems]
-    return lines, written_paths, differs

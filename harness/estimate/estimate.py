@@ -245,8 +245,9 @@ def assemble(
             * in_flight
         )
 
-    control_totals = [rank_total(result, CONTROL_ROW) for result in results]
-    if any(total is None for total in control_totals):
+    measured = [rank_total(result, CONTROL_ROW) for result in results]
+    control_totals = [total for total in measured if total is not None]
+    if len(control_totals) != len(measured):
         raise RuntimeError(
             f"{where}: the [] control could not be measured: "
             f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}"
@@ -441,14 +442,3 @@ def estimate(
         "date": now_iso(),
     }
     return result
-
-
-def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
-    """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``."""
-    from harness.record.golden_dir import estimate_dir, golden_root
-
-    core = estimate.revisions.get("megatron_core") or {}
-    return estimate_dir(golden_root(root)) / (
-        f"{estimate.recipe}__{estimate.attention_backend}__"
-        f"mcore-{core.get('version')}-{core.get('fingerprint')}.json"
-    )

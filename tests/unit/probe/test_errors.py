@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
-from harness.commands.probe import golden_step
+from harness.golden.probe import golden_step
 from harness.probe import runner
 from harness.probe.status import EFFECTIVE, ERROR
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import gc
 
+from harness.golden.probe import write_probe_golden
 from harness.probe import measure as measure_module
-from harness.probe.golden import write_probe_golden
 from harness.probe.runner import probe_models
 
 

@@ -9,7 +9,7 @@ import pytest
 from harness.cli import main
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
-from harness.record.label_manifest import (
+from harness.golden.labels import (
     REFRESH_COMMAND,
     manifest_problem,
     manifest_verdict,
