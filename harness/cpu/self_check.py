@@ -165,7 +165,7 @@ class _OutputDiscard:
 
     def hook(self, loss: torch.Tensor) -> None:
         self.checkpoint.discard_output_and_register_recompute(loss)
-        self.discarded = self.output.untyped_storage().nbytes() == 0
+        self.discarded = self.output is not None and self.output.untyped_storage().nbytes() == 0
 
 
 def replay_problems() -> list[str]:

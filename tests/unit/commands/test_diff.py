@@ -26,7 +26,9 @@ def diff(*argv: str) -> subprocess.CompletedProcess:
 
 
 def installed_tree() -> Path:
-    return megatron_core_root().parent.parent
+    root = megatron_core_root()
+    assert root is not None, "the CPU tier runs on an installed Megatron Core"
+    return root.parent.parent
 
 
 def test_a_directory_without_megatron_core_is_refused(tmp_path):
