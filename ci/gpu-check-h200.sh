@@ -1,27 +1,37 @@
 #!/usr/bin/env bash
-# GPU check on one H200 (fits <= 8 minutes): the mcore back end (no Bridge, no Transformer Engine on that
-# image) with a moonlight-style model sized for one GPU, rows [] moe_act mla_up_proj moe core_attn. Steps:
+# GPU check on one H200: the mcore back end (no Bridge, no Transformer Engine on that image) with a
+# moonlight-style model sized for one GPU, rows [] moe_act mla_up_proj moe core_attn. Steps:
 # requirements, install (carried wheels), revisions, sweep (run records), golden (written by the harness
 # from those records, provenance inside), overhead (paired instrumentation cost). Every step reports,
 # whatever the others did; the device returns at most 8 files, 2 folders deep, so everything is packed
 # into $OUT/gpu-check.tar.gz beside a short $OUT/summary.txt (one line per step, then the rows).
+#
+# Budget (the device: one command <= 600 s, 15 min of device time per session, start-up included):
+# the whole script keeps within GPU_CHECK_BUDGET_S (420 s): the sweep gets at most 240 s and what the
+# budget leaves after reserving the overhead step (<= 90 s) and the packing; run it with timeout_s=480
+# (60 s margin; ~8 min of command + a few minutes' start leaves time for nothing else, so no rerun).
+# The archive is rewritten (atomically) after every step and whenever the sweep finishes a row, and on
+# SIGTERM/SIGINT: a kill at any moment leaves a readable archive of what was done.
 #
 #   ci/gpu-check-h200.sh                    on the GPU machine
 #   ci/gpu-check-h200.sh --rehearse-on-cpu  the same steps on this CPU machine (.venv, recipe
 #                                           cpu-moonlight-ep2, a short overhead run): tests the script
 #
 # Prepare on the CPU machine (the device cannot reach any index), then carry build/wheels:
-#   ./venv-run pip download --no-deps --only-binary=:all: -d build/wheels megatron-core==0.19.2 \
-#       rich markdown-it-py mdurl pygments matplotlib contourpy cycler fonttools kiwisolver pillow \
+#   ./venv-run pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+#       --python-version 3.12 -d build/wheels $(./venv-run python ci/gpu_check_requirements.py --pins) \
+#       markdown-it-py mdurl pygments contourpy cycler fonttools kiwisolver pillow \
 #       pyparsing python-dateutil six numpy pyyaml packaging
-#   run(command="bash ci/gpu-check-h200.sh", carry=["build/wheels"], timeout_s=540)
+#   run(command="bash ci/gpu-check-h200.sh", carry=["build/wheels"], timeout_s=480)
 # The requirements step (ci/gpu_check_requirements.py) names, on one line, everything missing: Python
-# 3.12, torch at the project's lower bound, the carried wheels, a CUDA GPU, and g++ / ninja / Python.h
-# for Megatron Core's share_storage_ext (compiled on first use of mla_up_proj); then nothing else runs.
+# 3.12, torch at the project's lower bound, the carried distributions at the lock's exact versions
+# (ci/constraints-cpu.txt) as wheels usable on this platform, a CUDA GPU; then nothing else runs. g++ /
+# ninja / Python.h are optional: only Megatron Core's share_storage_ext (compiled on first use of
+# mla_up_proj) needs them, so without them that row is reported requires-extension and the rest runs.
 # Without Transformer Engine the mcore back end binds TE's FP8-state names to "FP8 disabled"
 # (harness.cpu.adapter.bind_fp8_disabled_without_te), so mla_up_proj runs; moe_act builds
 # SequentialMLP experts without TE and does nothing (the CPU probe's requires-TE): expect no saving.
-# GPU_CHECK_SWEEP_LIMIT_S overrides the sweep's wall-clock limit (default 420 s; rehearsal 600 s).
+# GPU_CHECK_SWEEP_LIMIT_S overrides the sweep's wall-clock limit; GPU_CHECK_BUDGET_S the whole budget.
 # Exit status: 0 every step passed, 1 a step failed, 2 requirements missing (or bad arguments).
 set -uo pipefail  # no -e: a failing step is reported and the next one still runs
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -44,33 +54,83 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 if [[ "$mode" == cpu ]]; then
   ./venv-run python -c "import torch" >/dev/null 2>&1  # creates or reuses .venv
   # A shared CPU machine can be 10x slower than idle: generous row limits (the recipe's own are 120/60 s).
-  python="$root/.venv/bin/python" recipe=cpu-moonlight-ep2 sweep_limit=600 row_timeout=280 stall_timeout=240
+  python="$root/.venv/bin/python" recipe=cpu-moonlight-ep2 budget=840 sweep_cap=600 overhead_cap=180
+  row_timeout=280 stall_timeout=240
   bench=(--cpu --warmup 1 --blocks 2 --block-iters 2) requirement_flags=(--cpu)
   echo "gpu-check rehearsal on CPU ($recipe): mechanics only, no GPU number" >> "$summary"
 else
-  python=python3 recipe=mcore-moonlight-1gpu sweep_limit=420 row_timeout=150 stall_timeout=120
+  python=python3 recipe=mcore-moonlight-1gpu budget=420 sweep_cap=240 overhead_cap=90
+  row_timeout=150 stall_timeout=120
   bench=(--blocks 6 --block-iters 5) requirement_flags=()
 fi
+budget="${GPU_CHECK_BUDGET_S:-$budget}"
+deadline=$((SECONDS + budget))
+pack_reserve=15
 status=0
+running=""
+packed=0
 
 say() { echo "$*" >> "$summary"; }
-step() {  # step NAME COMMAND...: run it, log it, one summary line whatever happens
+left() { echo $((deadline - SECONDS)); }
+pack() {  # the archive of everything so far, replaced atomically (a reader never sees half of one)
+  local files
+  files="$(find "$work" -type f | wc -l)"
+  if tar -czf "$OUT/.gpu-check.tar.gz.part" -C "$work" . 2>> "$log"; then
+    mv -f "$OUT/.gpu-check.tar.gz.part" "$OUT/gpu-check.tar.gz"
+  else
+    rm -f "$OUT/.gpu-check.tar.gz.part"
+    say "archive: failed (tar)"
+    status=1
+  fi
+  packed="$files"
+}
+stopped() {  # SIGTERM/SIGINT: stop the running step, keep what it finished, say so
+  trap - TERM INT
+  if [[ -n "$running" ]]; then
+    kill -TERM "$running" 2> /dev/null
+    wait "$running" 2> /dev/null
+  fi
+  say "stopped by signal: the archive holds what finished before"
+  pack
+  exit 143
+}
+trap stopped TERM INT
+step() {  # step NAME COMMAND...: run it, log it, one summary line whatever happens, archive after
   local name="$1" rc
   shift
   echo "== $name: $*" >> "$log"
-  "$@" >> "$log" 2>&1
+  "$@" >> "$log" 2>&1 &
+  running=$!
+  while kill -0 "$running" 2> /dev/null; do  # a row's finished record reaches the archive at once
+    sleep 1
+    if [[ "$(find "$work" -type f -path '*/records/*.json' | wc -l)" != "${recorded:-0}" ]]; then
+      recorded="$(find "$work" -type f -path '*/records/*.json' | wc -l)"
+      pack
+    fi
+  done
+  wait "$running"
   rc=$?
+  running=""
   if (( rc == 0 )); then
     say "$name: ok"
   else
     say "$name: failed (exit $rc): $(grep -v '^\s*$' "$log" | tail -n 1 | cut -c1-300)"
     status=1
   fi
+  pack
   return "$rc"
 }
-pack() {
-  tar -czf "$OUT/gpu-check.tar.gz" -C "$work" . 2>> "$summary" || status=1
-  say "archive: gpu-check.tar.gz ($(find "$work" -type f | wc -l) files: log, revisions, records, golden, overhead)"
+limited() {  # limited NAME CAP RESERVE COMMAND...: a step under min(CAP, budget left - RESERVE) seconds
+  local name="$1" cap="$2" reserve="$3" limit
+  shift 3
+  limit=$(( $(left) - reserve ))
+  if (( limit < 10 )); then
+    say "$name: skipped (the ${budget} s budget is spent)"
+    status=1
+    return 1
+  fi
+  (( limit > cap )) && limit="$cap"
+  step "$name" timeout "$limit" "$@"
 }
 
 [[ "$mode" == gpu ]] && step device nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv
@@ -83,18 +143,28 @@ if (( rc != 0 )); then
   pack
   exit 2
 fi
+rows=()  # the recipe's own rows, unless mla_up_proj cannot build its extension here
+without_extension="$(sed -n 's/.*no extension toolchain (\([^)]*\)).*/\1/p' <<< "$requirements")"
 
 if [[ "$mode" == gpu ]]; then
-  step install "$python" -m pip install --quiet --no-index --find-links build/wheels megatron-core==0.19.2 rich matplotlib
+  read -r -a pins <<< "$("$python" ci/gpu_check_requirements.py --pins)"  # the lock's exact versions
+  step install "$python" -m pip install --quiet --no-index --find-links build/wheels "${pins[@]}"
 fi
 step revisions bash -c 'set -o pipefail; "$0" -m harness.cli revisions | tee "$1"' "$python" "$work/revisions.txt"
 
-# MCore compiles share_storage_ext (torch's load_inline: g++ + ninja) the first time mla_up_proj runs, inside
-# a timed step and the stall window; built here first (torch caches it), it proves the toolchain works too.
-step share-storage-ext "$python" -c "from megatron.core.tensor_parallel.random import _get_share_storage; _get_share_storage()"
+if [[ -z "$without_extension" ]]; then
+  # MCore compiles share_storage_ext (torch's load_inline: g++ + ninja) the first time mla_up_proj runs, inside
+  # a timed step and the stall window; built here first (torch caches it), it proves the toolchain works too.
+  step share-storage-ext "$python" -c "from megatron.core.tensor_parallel.random import _get_share_storage; _get_share_storage()"
+else
+  say "share-storage-ext: skipped (no $without_extension)"
+  read -r -a rows <<< "$("$python" -c "import sys; from harness.run.recipes import load_recipe; print(' '.join(r for r in load_recipe(sys.argv[1]).rows if r not in ('[]', 'mla_up_proj')))" "$recipe")"
+  rows=(--rows "${rows[@]}")
+fi
 
-# The sweep: one torchrun job per row, records + analysis table + plot.
-step sweep timeout "${GPU_CHECK_SWEEP_LIMIT_S:-$sweep_limit}" "$python" -m harness.cli run --recipe "$recipe" \
+# The sweep: one torchrun job per row, records + analysis table + plot; the overhead step's time reserved.
+limited sweep "${GPU_CHECK_SWEEP_LIMIT_S:-$sweep_cap}" $((overhead_cap + pack_reserve)) \
+  "$python" -m harness.cli run --recipe "$recipe" "${rows[@]}" \
   --out "$work/runs" --timeout "$row_timeout" --stall-timeout "$stall_timeout"
 records="$(find "$work/runs" -mindepth 2 -maxdepth 2 -type d -name records -print -quit 2>/dev/null)"
 if [[ -n "$records" ]] && compgen -G "$records/*.json" > /dev/null; then
@@ -118,9 +188,12 @@ else
 fi
 
 # Paired instrumentation cost (target <= 1% of step time on GPU).
-step overhead timeout 180 "$python" benchmarks/instrumentation_overhead.py --recipe "$recipe" "${bench[@]}" \
-  --json "$work/instrumentation-overhead.json"
+limited overhead "$overhead_cap" "$pack_reserve" "$python" benchmarks/instrumentation_overhead.py \
+  --recipe "$recipe" "${bench[@]}" --json "$work/instrumentation-overhead.json"
 
+if [[ -n "$without_extension" ]]; then
+  say "row mla_up_proj: requires-extension (Megatron Core's share_storage_ext needs $without_extension)"
+fi
 if [[ -n "$records" ]]; then  # the rows as measured, in a few lines (the records themselves are in the archive)
   "$python" - "$records" "$work/instrumentation-overhead.json" >> "$summary" 2>> "$log" <<'PY'
 import json, sys
@@ -141,6 +214,7 @@ if overhead.exists():
           f"{figures['device']})")
 PY
 fi
-pack
+say "archive: gpu-check.tar.gz ($(find "$work" -type f | wc -l) files: log, revisions, records, golden, overhead)"
 say "exit status $status"
+pack
 exit "$status"

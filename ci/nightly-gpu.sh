@@ -2,7 +2,10 @@
 # Nightly GPU tier (H100 runners). Runs `pytest -m gpu` (each test skips naming what the runner lacks),
 # which writes one run record per row under $RECOMPUTE_HARNESS_GPU_OUT; compares every record set with
 # the golden of its recipe x hardware x revision pins; publishes markdown + JUnit under $REPORT_DIR.
-# Exit status: non-zero when a GPU test failed, a comparison failed, or a record set has no golden.
+# Exit status: non-zero when a GPU test failed, a comparison failed, a record set has no golden, no GPU
+# test ran (all skipped: a runner whose driver or image is broken is no green night), or no record was
+# written; each said in one line on stderr and in summary.md. Partial and fault sweeps (scratch/) are
+# kept in the report but never compared.
 # The 16-GPU Nemotron study runs on two nodes: `recompute-harness launch --slurm --recipe
 # nemotron-3-nano-full-16gpu --out $RECOMPUTE_HARNESS_GPU_OUT` writes its sbatch job (same records).
 set -euo pipefail
@@ -15,7 +18,34 @@ mkdir -p "$RECOMPUTE_HARNESS_GPU_OUT" "$report"
 status=0
 
 ./venv-run recompute-harness revisions | tee "$report/revisions.txt"
+: > "$report/summary.md"
+fail() { echo "nightly: $*" | tee -a "$report/summary.md" >&2; status=1; }
 ./venv-run pytest -m gpu tests/gpu -rs --junitxml "$report/gpu-tests.xml" | tee "$report/gpu-tests.txt" || status=1
+# How many GPU tests actually ran (pytest's JUnit file: tests - skipped), and the first skip's reason.
+ran="$(./venv-run python - "$report/gpu-tests.xml" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+
+try:
+    suites = ET.parse(sys.argv[1]).getroot().iter("testsuite")
+except (OSError, ET.ParseError) as exc:
+    print(f"0 0 0 no JUnit file ({exc})")
+    raise SystemExit
+total = skipped = 0
+reason = ""
+for suite in suites:
+    total += int(suite.get("tests", 0))
+    skipped += int(suite.get("skipped", 0))
+    for skip in suite.iter("skipped"):
+        if not reason and skip.get("message"):
+            reason = skip.get("message").splitlines()[0]
+print(total - skipped, total, skipped, reason)
+PY
+)"
+read -r executed total skipped reason <<< "$ran"
+if [[ "${executed:-0}" == 0 ]]; then
+  fail "no GPU test ran ($total collected, $skipped skipped${reason:+: $reason})"
+fi
 
 shopt -s nullglob
 for records in "$RECOMPUTE_HARNESS_GPU_OUT"/*/records; do
@@ -30,5 +60,9 @@ for records in "$RECOMPUTE_HARNESS_GPU_OUT"/*/records; do
   ./venv-run recompute-harness analyze "$records" --plot "$report/$sweep.png" > "$report/$sweep-analysis.md" || status=1
   echo "$sweep: $(head -n 1 "$report/$sweep-compare.md")" >> "$report/summary.md"
 done
+compared=("$RECOMPUTE_HARNESS_GPU_OUT"/*/records)
+if (( ${#compared[@]} == 0 && ${executed:-0} > 0 )); then  # (no test ran: already said)
+  fail "the GPU tests wrote no record to compare under $RECOMPUTE_HARNESS_GPU_OUT"
+fi
 echo "report: $report"
 exit "$status"

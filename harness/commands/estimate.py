@@ -8,11 +8,19 @@ import sys
 from pathlib import Path
 
 from harness.config.fields import RecomputeFields
-from harness.errors import EXIT_FAILED, EXIT_OK
-from harness.estimate.estimate import check_estimable, estimate
+from harness.config.revisions import collect_revisions
+from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.estimate.estimate import attention_backend_for, check_estimable, estimate
 from harness.estimate.table import estimate_table
-from harness.golden.estimate import estimate_golden_path_for, write_estimate
-from harness.golden.store import golden_root, writable
+from harness.golden.estimate import (
+    EstimateMismatch,
+    estimate_golden_path_for,
+    golden_rows,
+    golden_to_judge,
+    judge_estimate,
+    write_estimate,
+)
+from harness.golden.store import estimate_golden_path, existing, golden_root, writable
 from harness.run.recipes import load_recipe
 
 
@@ -42,7 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also write the JSON to the golden root's estimate/ under the installed revision's name",
     )
     parser.add_argument(
-        "--golden-dir", metavar="DIR", help="golden root for --write-golden (default: tests/golden)"
+        "--check-golden",
+        action="store_true",
+        help="measure the golden's rows (or --rows, each in the golden) and judge every saving, "
+        "retained byte count, peak and status against it to the byte: exit 1 naming each changed row",
+    )
+    parser.add_argument(
+        "--golden-dir",
+        metavar="DIR",
+        help="golden root for --write-golden / --check-golden (default: tests/golden)",
     )
 
 
@@ -51,11 +67,23 @@ def run(args: argparse.Namespace) -> int:
     check_estimable(recipe)
     for row in args.rows or ():
         RecomputeFields.parse(row)
+    if args.check_golden and args.write_golden:
+        raise UsageError("--check-golden judges the golden; it cannot also --write-golden it")
+    rows, golden = args.rows, None
+    if args.check_golden:  # the golden is found and read before anything is measured
+        golden_file = estimate_golden_path(
+            recipe.name,
+            attention_backend_for(recipe, args.attention_backend),
+            collect_revisions()["megatron_core"] or {},
+            existing(golden_root(args.golden_dir)),
+        )
+        golden = golden_to_judge(golden_file)
+        rows = golden_rows(golden, args.rows, golden_file)
     if args.write_golden and not args.out:
         # refused before measuring: never into an installed package's copy
         writable(golden_root(args.golden_dir))
     try:
-        result = estimate(recipe, args.rows, args.attention_backend)
+        result = estimate(recipe, rows, args.attention_backend)
     except RuntimeError as exc:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
@@ -75,4 +103,22 @@ def run(args: argparse.Namespace) -> int:
         print(estimate_table(result))
     if target is not None and not args.json:
         print(f"{'wrote' if written else 'unchanged'} {target}")
+    if golden is not None:
+        return _report_judgement(
+            golden_file, judge_estimate(golden.data, result.as_dict()), args.json
+        )
     return EXIT_OK
+
+
+def _report_judgement(
+    golden_file: Path, mismatches: list[EstimateMismatch], quiet_stdout: bool
+) -> int:
+    """The verdict under the table (on stderr beside --json, so stdout stays one JSON document)."""
+    stream = sys.stderr if quiet_stdout else sys.stdout
+    if not mismatches:
+        print(f"golden: every row matches {golden_file}", file=stream)
+        return EXIT_OK
+    print(f"golden: {len(mismatches)} figure(s) differ from {golden_file}", file=stream)
+    for mismatch in mismatches:
+        print(f"  {mismatch.line()}", file=stream)
+    return EXIT_FAILED

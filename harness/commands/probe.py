@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.probe.table import (
         attribution_table,
         carried_table,
+        peaks_table,
         probe_json,
         probe_table,
         unmeasured_table,
@@ -126,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
                 print(attribution_table(probe))
                 print()
                 print(carried_table(probe))
+                print()
+                print(peaks_table(probe))
                 print()
         unmeasured = unmeasured_table(probes)
         if unmeasured:

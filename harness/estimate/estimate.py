@@ -36,7 +36,14 @@ from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
-from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
+from harness.probe.status import (
+    CONTROL_STATUS,
+    EFFECTIVE,
+    INACTIVE,
+    REJECTED,
+    REQUIRES_TE,
+    MeasuredRow,
+)
 from harness.processes import run_bounded
 from harness.record.build import now_iso
 from harness.run.recipes import Recipe
@@ -56,13 +63,10 @@ ATTENTION_FOR_RECIPE = {
 _EXPERT_INDEX = re.compile(r"local_experts\.\d+")
 
 
-@dataclass
-class EstimateRow:
-    label: str
-    status: str
-    reason: str = ""
-    rule: str | None = None
-    retained_bytes: int | None = None
+@dataclass(kw_only=True)
+class EstimateRow(MeasuredRow):
+    """An estimated row: the shared verdict, plus the saving and where it comes from."""
+
     saving_bytes: int | None = None
     saving_pct: float | None = None
     partial_saving_bytes: int | None = (
@@ -78,6 +82,11 @@ class EstimateRow:
     attribution: dict[str, int] = field(
         default_factory=dict
     )  # the control only: retained bytes per module
+    # The rank's activation peak: the layers retained up to the one whose forward or backward
+    # transient (MemTracker, harness.estimate.layers.LayerPeaks) tops it, and where that is.
+    peak_bytes: int | None = None
+    peak_saving_bytes: int | None = None
+    peak_phase: str = ""
 
 
 @dataclass
@@ -263,6 +272,8 @@ def assemble(
         _row(row, result, layers, in_flight, recipe.seq_length, control_total, control_parts)
         for row in rows
     ]
+    stage = result["layer_kinds"][: len(result["layer_kinds"]) // layout.pp]
+    _add_peaks(out_rows, result, stage, in_flight, recipe.seq_length)
     score = (
         {
             kind: float(
@@ -301,6 +312,56 @@ def assemble(
         "pipeline stage (embedding, output layer and loss excluded: no label changes them)",
         rows=out_rows,
     )
+
+
+def rank_peak(
+    result: dict[str, Any], row: str, stage: list[str], in_flight: int, target: int
+) -> tuple[Fraction, str] | None:
+    """The rank's activation peak under ``row`` and where it happens.
+
+    At layer ``i`` of the stage (in order), forward and backward both have the layers up to ``i``
+    retained (in forward the later ones have not run; in backward they are already freed) plus
+    layer ``i``'s own transient; the other in-flight micro-batches keep the whole stage retained.
+    """
+    retained: dict[str, Fraction] = {}
+    transients: dict[str, dict[str, Fraction]] = {}
+    for kind in set(stage):
+        measurements = result.get("peaks", {}).get(kind, {}).get(row)
+        if not measurements or row not in result["kinds"][kind]:
+            return None
+        retained[kind] = _at_target(result["kinds"][kind][row], target)[0]
+        lengths = [m["seq_length"] for m in measurements]
+        transients[kind] = {
+            phase: extrapolate(lengths, [m[f"{phase}_transient"] for m in measurements], target)
+            for phase in ("forward", "backward")
+        }
+    others = sum((retained[kind] for kind in stage), Fraction(0)) * (in_flight - 1)
+    largest: tuple[Fraction, str] | None = None
+    prefix = Fraction(0)
+    for index, kind in enumerate(stage):
+        prefix += retained[kind]
+        for phase, transient in transients[kind].items():
+            value = others + prefix + transient
+            if largest is None or value > largest[0]:
+                largest = (value, f"{phase} of layer {index} ({kind})")
+    return largest
+
+
+def _add_peaks(
+    rows: list[EstimateRow], result: dict[str, Any], stage: list[str], in_flight: int, target: int
+) -> None:
+    """Each measured row's activation peak on the rank and where it is; the peak saving vs []'s."""
+    control_peak = None
+    for row in rows:
+        peak = rank_peak(result, row.label, stage, in_flight, target)
+        if row.retained_bytes is None or peak is None:
+            continue
+        row.peak_bytes, row.peak_phase = round(peak[0]), peak[1]
+        if row.status == CONTROL_STATUS:
+            control_peak = row.peak_bytes
+    for row in rows:
+        if row.peak_bytes is not None and control_peak is not None:
+            row.peak_saving_bytes = control_peak - row.peak_bytes
 
 
 def _row(

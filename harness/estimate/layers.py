@@ -22,14 +22,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed._tools.mem_tracker import MemTracker
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.norm import FusedRMSNorm
 from harness.estimate.model import CPU_FLAGS, MOE, Architecture
 from harness.models import set_core_attention, transformer_config
 from harness.probe.measure import retained_by_forward
+from harness.probe.peaks import live_activation_bytes
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class LayerPeaks:
+    """What one layer's step adds, for a moment, on top of what it retains (MemTracker).
+
+    ``forward_transient``: activation + temporary bytes alive at the layer's forward peak beyond
+    those alive when its forward returned (its intermediates before autograd frees them);
+    ``backward_transient``: the same at its backward peak (replayed activations, activation
+    gradients, the incoming gradient), beyond those alive when backward started. Parameter gradients
+    are left out (dropped as they accumulate, so they do not decide the peak moment either): a GPU
+    recipe's DDP keeps them in a grad buffer allocated before the first step.
+    """
+
+    seq_length: int
+    forward_transient: int
+    backward_transient: int
 
 
 @dataclass
@@ -164,6 +183,19 @@ def measure_layer(
     layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0
 ) -> LayerMeasurement:
     """Forward ``layer`` once on this rank's ``[s/tp, b, h]`` slice; retained bytes at its end."""
+
+    hidden, mask = _layer_input(layer, seq_length, micro_batch_size, seed)
+    output, retained, attribution = retained_by_forward(
+        layer, lambda: layer(hidden, attention_mask=mask), shared=(mask,)
+    )
+    del output
+    return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})
+
+
+def _layer_input(
+    layer: torch.nn.Module, seq_length: int, micro_batch_size: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """This rank's ``[s/tp, b, h]`` hidden state (requiring grad, as in a stack) and the causal mask."""
     from megatron.core import parallel_state as ps
 
     config = layer.config
@@ -175,8 +207,41 @@ def measure_layer(
     )
     hidden.requires_grad_(True)
     mask = torch.triu(torch.ones(seq_length, seq_length, dtype=torch.bool), diagonal=1)[None, None]
-    output, retained, attribution = retained_by_forward(
-        layer, lambda: layer(hidden, attention_mask=mask), shared=(mask,)
+    return hidden, mask
+
+
+def measure_layer_peaks(
+    layer: torch.nn.Module, seq_length: int, micro_batch_size: int, *, seed: int = 0
+) -> LayerPeaks:
+    """Forward + backward of ``layer`` under MemTracker; its transients (``LayerPeaks``)."""
+    hidden, mask = _layer_input(layer, seq_length, micro_batch_size, seed)
+    # Each parameter gradient is dropped once accumulated: they are not part of the transients, and
+    # 64 experts' gradients would double a rank's memory (1.1 GB for Moonlight in bf16).
+    drops = [
+        parameter.register_post_accumulate_grad_hook(_drop_gradient)
+        for parameter in layer.parameters()
+        if parameter.requires_grad
+    ]
+    tracker = MemTracker()
+    tracker.track_external(layer, hidden, mask)
+    try:
+        with tracker:
+            output = layer(hidden, attention_mask=mask)[0]
+            forward_peak = live_activation_bytes(tracker.get_tracker_snapshot("peak"))
+            after_forward = live_activation_bytes(tracker.get_tracker_snapshot("current"))
+            output.backward(torch.ones_like(output))
+    finally:
+        for drop in drops:
+            drop.remove()
+    backward_peak = live_activation_bytes(
+        tracker.memory_tracking[layer].snapshots["Peak-Backward"][-1]
     )
-    del output
-    return LayerMeasurement(seq_length, retained, {k: v for k, v in attribution.items() if v})
+    return LayerPeaks(
+        seq_length,
+        max(forward_peak - after_forward, 0),
+        max(backward_peak - after_forward, 0),
+    )
+
+
+def _drop_gradient(parameter: torch.Tensor) -> None:
+    parameter.grad = None

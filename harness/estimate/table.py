@@ -25,8 +25,8 @@ def estimate_table(estimate: Estimate, *, attribution: int = 3) -> str:
         ),
         f"scope: {estimate.scope}",
         "",
-        "| Row | Retained MB | Saving vs `[]` MB | Saving % | Status | Per kind saving MB | Largest removals (MB) |",
-        "|---|---:|---:|---:|---|---|---|",
+        "| Row | Retained MB | Saving vs `[]` MB | Saving % | Peak saving MB (peak in) | Status | Per kind saving MB | Largest removals (MB) |",
+        "|---|---:|---:|---:|---:|---|---|---|",
     ]
     for row in estimate.rows:
         saving = row.saving_bytes if row.saving_bytes is not None else row.partial_saving_bytes
@@ -47,7 +47,12 @@ def estimate_table(estimate: Estimate, *, attribution: int = 3) -> str:
             or "—"
         )
         status = row.status + (f": {row.reason}" if row.reason else "")
+        peak = (
+            "—"
+            if row.peak_saving_bytes is None
+            else f"{_mb(row.peak_saving_bytes)} ({row.peak_phase})"
+        )
         lines.append(
-            f"| `{row.label}` | {_mb(row.retained_bytes)} | {saving_text} | {pct} | {status} | {kinds} | {removed} |"
+            f"| `{row.label}` | {_mb(row.retained_bytes)} | {saving_text} | {pct} | {peak} | {status} | {kinds} | {removed} |"
         )
     return "\n".join(lines)

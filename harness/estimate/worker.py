@@ -8,7 +8,8 @@ the real EP group hosts ``E/EP`` experts and receives, under balanced routing, t
 s/tp · b`` token copies from the group, so the experts' retained bytes (sums over tokens) are the same;
 only the per-expert split differs, which byte counts do not see.
 
-Per row and layer kind it measures one layer forward at each probe sequence length and writes
+Per row and layer kind it measures one layer forward at each probe sequence length (and, under
+MemTracker, one forward + backward for the layer's transients, harness.estimate.layers) and writes
 ``rank<r>.json`` into ``--out``: per kind, per row, the measurements; rejected rows with the
 validator's message and rule; rows whose labels need Transformer Engine.
 """
@@ -36,7 +37,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from harness.config.fields import RecomputeFields
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
     from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-    from harness.estimate.layers import build_layer, measure_layer
+    from harness.estimate.layers import build_layer, measure_layer, measure_layer_peaks
     from harness.estimate.model import architecture
     from harness.probe.status import requires_te_reason, te_only_labels_missing
     from harness.run.recipes import load_recipe
@@ -52,6 +53,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         "kinds": {},
         "rejected": {},
         "requires_te": {},
+        "peaks": {},
         "layer_kinds": list(arch.layer_kinds),
         "model": arch.style.name,
         "source": arch.source,
@@ -60,6 +62,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     for kind in arch.kinds:
         base = None
         per_row: dict[str, list[dict[str, Any]]] = {}
+        peaks: dict[str, list[dict[str, Any]]] = {}
         for row in rows:
             fields = RecomputeFields.parse(row)
             if fields.granularity == "full":
@@ -97,7 +100,11 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 if set(missing) == set(fields.modules or ()):
                     continue  # nothing of the row runs without TE: no measurement to make
             per_row[row] = [vars(measure_layer(layer, s, recipe.micro_batch_size)) for s in seqs]
+            peaks[row] = [
+                vars(measure_layer_peaks(layer, s, recipe.micro_batch_size)) for s in seqs
+            ]
         result["kinds"][kind] = per_row
+        result["peaks"][kind] = peaks
     return result
 
 

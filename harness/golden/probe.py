@@ -31,6 +31,7 @@ from harness.golden.store import (
     write_golden,
 )
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries
+from harness.probe.peaks import PHASES
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import ERROR, Equivalence
 from harness.record.build import (
@@ -69,6 +70,11 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
         not_bitwise_values=_not_bitwise(row.equivalence),
         dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence),
         carried_bytes=row.carried_bytes,
+        **{
+            f"peak_{phase}_bytes": row.step_peaks[phase]["step_bytes"]
+            for phase in PHASES
+            if row.step_peaks
+        },
     )
 
 

@@ -9,6 +9,8 @@
   when autograd first saved it.
 - **Carried bytes**: what a second, uninstrumented step leaves alive after its backward, and who
   holds it (harness.probe.carried).
+- **Peaks over the step**: per phase (forward, backward, optimizer) and per module, from torch's
+  ``MemTracker`` on a third step (harness.probe.peaks).
 - **Replay cost**: backward FLOPs from ``FlopCounterMode`` (matmul-class ops only), plus the bytes
   read and written by every op *replayed* in backward. A replayed op is one that runs with grad mode
   on during backward: autograd runs backward with grad mode off, and every MCore checkpoint replays
@@ -33,6 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from harness.cpu.adapter import reseed
 from harness.models import TinyModel
 from harness.probe.carried import Carried, measure_carried
+from harness.probe.peaks import StepPeaks, measure_step_peaks
 
 
 @dataclass
@@ -45,6 +48,9 @@ class Measurement:
     replay_bytes: int
     replay_ops: int
     carried: Carried | None = None  # what a second step leaves alive (instrumented runs only)
+    peaks: StepPeaks | None = (
+        None  # a third step's per-phase / per-module peaks (instrumented only)
+    )
 
 
 def _storage_key(tensor: torch.Tensor) -> int:
@@ -175,6 +181,8 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
         model.loss(batch).backward()
 
     carried = measure_carried(module, second_step, list(batch.values()))
+    # After two steps, so what the first step builds once (rotary caches) is not in any phase's peak.
+    peaks = measure_step_peaks(model, seed=seed)
     return Measurement(
         loss.detach(),
         grads,
@@ -184,6 +192,7 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
         replay.bytes,
         replay.ops,
         carried,
+        peaks,
     )
 
 

@@ -33,6 +33,7 @@ from harness.probe.status import (
     REJECTED,
     REQUIRES_TE,
     Equivalence,
+    MeasuredRow,
     compare_numerics,
     exception_line,
     requires_te_reason,
@@ -47,15 +48,12 @@ DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
 HANG_PROBE_MODELS = ("dense-tiny",)
 
 
-@dataclass
-class ProbeRowResult:
-    label: str
+@dataclass(kw_only=True)
+class ProbeRowResult(MeasuredRow):
+    """A probe row: the shared verdict, plus what only the CPU probe measures."""
+
     fields: RecomputeFields
     add_bias_linear: bool
-    status: str
-    reason: str = ""
-    rule: str | None = None
-    retained_bytes: int | None = None
     backward_flops: int | None = None
     replay_bytes: int | None = None
     replay_ops: int | None = None
@@ -69,15 +67,15 @@ class ProbeRowResult:
     carried_holders: list[dict[str, Any]] = field(
         default_factory=list
     )  # CarriedTensor fields, per storage
-
-    @property
-    def measured(self) -> bool:
-        return self.retained_bytes is not None
+    # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
+    # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
+    step_peaks: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["fields"] = self.fields.as_dict()
-        return data
+        # `probe --json`'s key order since before the shared type: label, fields, add_bias_linear first.
+        return {key: data[key] for key in ("label", "fields", "add_bias_linear")} | data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeRowResult:
@@ -153,7 +151,12 @@ def measure_row(
             else rejected.mcore_exception
         )
         return ProbeRowResult(
-            row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule
+            row.label,
+            REJECTED,
+            message,
+            rejected.rule,
+            fields=row.fields,
+            add_bias_linear=row.add_bias_linear,
         )
     built.module.load_state_dict(base.state)
     result = measure(built, seed=seed)
@@ -181,21 +184,24 @@ def measure_row(
         status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
     return ProbeRowResult(
         row.label,
-        row.fields,
-        row.add_bias_linear,
         status,
         reason,
         None,
         result.retained_bytes,
-        result.backward_flops,
-        result.replay_bytes,
-        result.replay_ops,
-        equivalence,
-        compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
-        result.attribution,
-        result.carried.bytes,
-        result.carried.attribution(),
-        [asdict(tensor) for tensor in result.carried.tensors],
+        fields=row.fields,
+        add_bias_linear=row.add_bias_linear,
+        backward_flops=result.backward_flops,
+        replay_bytes=result.replay_bytes,
+        replay_ops=result.replay_ops,
+        equivalence=equivalence,
+        dropout_equivalence=compare_numerics(
+            dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads
+        ),
+        attribution=result.attribution,
+        carried_bytes=result.carried.bytes,
+        carried_attribution=result.carried.attribution(),
+        carried_holders=[asdict(tensor) for tensor in result.carried.tensors],
+        step_peaks=result.peaks.as_dict(),
     )
 
 
@@ -371,8 +377,8 @@ def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:
     # "hang", or "crash" when the child died
     return ProbeRowResult(
         child.row.label,
-        child.row.fields,
-        child.row.add_bias_linear,
         outcome.status,
         outcome.message,
+        fields=child.row.fields,
+        add_bias_linear=child.row.add_bias_linear,
     )

@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Any
 
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
+from harness.probe.peaks import PHASES
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_TE
 
@@ -191,6 +192,40 @@ def carried_table(probe: ModelProbe) -> str:
     if holders:
         lines += ["", "Held beyond `[]` (row: holder, shape, dtype, bytes):"]
         lines += [f"- `{label}`: {holder}" for label, holder in holders]
+    return "\n".join(lines)
+
+
+def peaks_table(probe: ModelProbe) -> str:
+    """Per row, each phase's peak (bytes beyond the weights, harness.probe.peaks) and the decoder layer
+    whose own backward peak is highest: where recompute moved the step's peak."""
+    lines = [
+        f"### {probe.model}: peaks over the step (MemTracker; KiB beyond parameters and the batch)",
+        "",
+        "| Row | forward | backward | optimizer | step's peak in | hottest layer (its backward peak KiB) |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for row in probe.rows:
+        if not row.step_peaks:
+            continue
+        phases = {phase: row.step_peaks[phase]["step_bytes"] for phase in PHASES}
+        layers = {
+            name: peaks["backward"]
+            for name, peaks in row.step_peaks["modules"].items()
+            if name.count(".") == 2
+        }
+        # A layer whose backward runs inside a checkpoint's nested backward (full recompute) has no
+        # backward peak of its own in MemTracker's module hooks: shown as "-", not as 0.
+        hottest = max(layers, key=lambda name: (layers[name], name), default=None)
+        hot = (
+            "-"
+            if not hottest or not layers[hottest]
+            else f"{hottest} ({layers[hottest] / 1024:.1f})"
+        )
+        lines.append(
+            f"| `{row.label}` | "
+            + " | ".join(f"{phases[phase] / 1024:.1f}" for phase in PHASES)
+            + f" | {max(PHASES, key=lambda phase: phases[phase])} | {hot} |"
+        )
     return "\n".join(lines)
 
 

@@ -76,7 +76,7 @@ def headline(
 
     Peaks are read after iteration 2 (the skill's contract), or after the last iteration every rank
     reported when the run stopped earlier; the run peaks after that last iteration (the allocator's
-    peaks are never reset, so what grew after iteration 2 — CUDA-graph pools captured later, a leak —
+    high-water marks are kept across the per-iteration resets, so what grew after iteration 2 — CUDA-graph pools captured later, a leak —
     shows there). Every peak metric is computed by its registry entry (``Metric.from_ranks``). Step
     time and TFLOP/s: means over the steady window, skipping skipped and NaN iterations.
     """

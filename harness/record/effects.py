@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from harness.errors import UsageError
 from harness.record.model import Number, Record, RunMetrics
+from harness.record.vocabulary import MEASURED_PEAK_SCOPES
 
-# Whose peak a number is: the hottest rank (what runs report), rank 0, or the hottest of the
-# data-parallel rank-0 ranks (Bridge's memory report prints on data-parallel rank 0).
-SCOPES = ("all-ranks", "rank0", "dp-rank0")
+# Whose peak a number is (harness.record.vocabulary.PeakScope, less "unreported").
+SCOPES = MEASURED_PEAK_SCOPES
 SCOPED_METRICS = {
     "peak_allocated_bytes": ("at", "allocated"),
     "peak_reserved_bytes": ("at", "reserved"),

@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.record.vocabulary import RUN_KIND_VALUES
+
 Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe", "effect"]
 Better = Literal["lower", "higher", "exact"]
 # Record kinds whose goldens judge run metrics; CPU probes are judged exactly on every metric.
-RUN_KINDS = ("run", "reference")
+RUN_KINDS = RUN_KIND_VALUES
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,8 @@ METRICS: tuple[Metric, ...] = (
         "bytes",
         "lower",
         "per-rank",
-        "max_memory_allocated() after the iteration",
+        "the run's high-water mark of max_memory_allocated() through the iteration (process start, "
+        "model build and earlier iterations included)",
         nullable=False,
         golden=False,
     ),
@@ -254,7 +257,28 @@ METRICS: tuple[Metric, ...] = (
         "bytes",
         "lower",
         "per-rank",
-        "max_memory_reserved() after the iteration",
+        "the run's high-water mark of max_memory_reserved() through the iteration",
+        golden=False,
+    ),
+    Metric(
+        "iteration_allocated_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "max_memory_allocated() within the iteration alone (peak statistics reset at its start): "
+        "where growth happens",
+        nullable=False,
+        required=False,
+        golden=False,
+    ),
+    Metric(
+        "iteration_reserved_bytes",
+        "bytes",
+        "lower",
+        "per-rank",
+        "max_memory_reserved() within the iteration alone",
+        nullable=False,
+        required=False,
         golden=False,
     ),
     Metric(
@@ -389,6 +413,33 @@ METRICS: tuple[Metric, ...] = (
         "probe",
         "bytes a second step leaves alive after backward: not parameters, gradients or the batch "
         "(docs/carried-memory.md)",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "peak_forward_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "at the forward's peak, the bytes that are not parameters, buffers or the batch: activations + temporaries (MemTracker; harness.probe.peaks)",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "peak_backward_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "the same at the backward's peak: activations, temporaries (activation gradients) and parameter gradients alive together",
+        nullable=False,
+        required=False,
+    ),
+    Metric(
+        "peak_optimizer_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "the same at the Adam step's peak: gradients, optimizer state and its temporaries, plus what backward left alive",
         nullable=False,
         required=False,
     ),

@@ -207,6 +207,10 @@ class PeakReading:
     allocated_after_step_bytes: int | None = None
     allocated_after_zero_grad_bytes: int | None = None
     device_used_bytes: int | None = None  # optional (metrics registry): mem_get_info's total - free
+    # Optional: the peaks of this iteration alone (statistics reset at its start); the two above are
+    # the run's high-water marks through it.
+    iteration_allocated_bytes: int | None = None
+    iteration_reserved_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -220,6 +224,10 @@ class PeakReading:
             data["allocated_after_zero_grad_bytes"] = self.allocated_after_zero_grad_bytes
         if self.device_used_bytes is not None:
             data["device_used_bytes"] = self.device_used_bytes
+        if self.iteration_allocated_bytes is not None:
+            data["iteration_allocated_bytes"] = self.iteration_allocated_bytes
+        if self.iteration_reserved_bytes is not None:
+            data["iteration_reserved_bytes"] = self.iteration_reserved_bytes
         return data
 
     def reading(self) -> tuple[int, int | None, int | None, int | None]:
@@ -265,7 +273,7 @@ class Headline:
 
     values: dict[str, Number | None]
     peak_rank: int | None
-    peak_scope: str  # one of harness.record.schema.PEAK_SCOPES, or unreported
+    peak_scope: str  # one of harness.record.vocabulary.PeakScope
 
     def __getitem__(self, name: str) -> Number | None:
         return self.values.get(name)
@@ -324,6 +332,8 @@ class RunMetrics:
                             p.get("allocated_after_step_bytes"),
                             p.get("allocated_after_zero_grad_bytes"),
                             p.get("device_used_bytes"),
+                            p.get("iteration_allocated_bytes"),
+                            p.get("iteration_reserved_bytes"),
                         )
                         for p in rank["peaks"]
                     ],

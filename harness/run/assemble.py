@@ -103,6 +103,8 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[RankPeaks]:
                 e.get("allocated_after_step_bytes"),
                 e.get("allocated_after_zero_grad_bytes"),
                 e.get("device_used_bytes"),
+                e.get("iteration_allocated_bytes"),
+                e.get("iteration_reserved_bytes"),
             )
             for e in rank.iterations
             if e.get("allocated_bytes") is not None

@@ -15,14 +15,15 @@ release branch):
   offline by replacing the module's ``AutoBridge`` with a fake instead.)
 
 Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
-data, evaluation off, log every step, checkpoint save/load off (the recipe's default checkpoint
+data, evaluation off, Bridge's own log (and its barrier) past the last step (``log_interval``), checkpoint save/load off (the recipe's default checkpoint
 directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
 the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
 package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
 
 Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
 connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
-point, before anything touches CUDA, the record notes their values, and the allocator's own settings
+point, before anything touches CUDA (HybridEP's ranks per NVLink domain fitted to the row's EP size,
+``hybrid_ep_environment``), the record notes their values, and the allocator's own settings
 are read back (``harness.run.allocator``): the record says when it had already fixed other ones.
 
 Collective timeout: Bridge's default is 10 minutes (``dist.distributed_timeout_minutes``), and
@@ -35,7 +36,7 @@ validation on every row's config, on the host, so a row Bridge refuses never rea
 Metrics: Bridge's own memory log covers data-parallel rank 0 and the first iterations only, so a
 callback of ours reports every rank's allocator peaks and device memory in use at every step's end,
 and the step time as Bridge's log defines it: the whole loop from one step's end to the next
-(``train_step`` plus the loop's own work: ``training_log`` with its timers' barrier, the manual
+(``train_step`` plus the loop's own work: ``training_log`` (its barrier kept out of the run: ``log_interval``), the manual
 ``gc.collect`` every ``manual_gc_interval`` steps, CUDA-graph capture), device synchronised. Bridge
 adds a step's FLOPs to its running total after ``on_train_step_end``, so they are reported at the
 next step's start (``flops`` event); the record divides them by the same step time. The attention
@@ -43,18 +44,20 @@ back end and MoE dispatcher the run actually has (after Bridge's set-up) are not
 
 Phases: ``model-build`` until training starts; ``cuda-graph-capture`` from the end of the step after
 which Bridge captures TE CUDA graphs (``cuda_graph_warmup_steps``) to the next step's start;
-``forward`` when a step starts. When a step fails, the phase is refined from the traceback (outermost
+``forward`` when a step (and each micro-batch's forward) starts; ``backward`` when autograd reaches the
+model's output; ``grad-sync`` and ``optimizer-step`` when MCore's ``finalize_model_grads`` and the
+optimizer's ``step`` are called (``marking``). When a step fails, the phase is refined from the traceback (outermost
 Megatron frame: forward_step, backward_step, finalize_model_grads, the optimizer), and the error line
 is written as the exception leaves Bridge's ``setup``/``train``, before ``_pretrain``'s clean-up
 (``destroy_global_state``, aborting the process groups), which may hang. Faults: those phases, and a
-NaN/Inf loss through the forward-step function's loss function (Bridge's own loss checks then fire);
-backward, grad-sync and optimizer faults are refused before launch (``faults.BACKEND_PHASES``).
+NaN/Inf loss through the forward-step function's loss function (Bridge's own loss checks then fire).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -66,6 +69,7 @@ from typing import Any
 
 import torch
 from megatron.core.transformer.enums import AttnBackend
+from megatron.core.utils import get_model_config
 
 from harness.config.fields import RecomputeFields
 from harness.run.allocator import ignored_allocator_env
@@ -116,6 +120,35 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def marking(
+    function: Any, instrument: Instrument, phase: str, on_first_iteration: str | None = None
+) -> Any:
+    """``function`` that first marks ``phase`` of the current iteration (where an injected fault fires).
+    Bridge's callbacks fire only at a step's start and end, so the phases inside a step are marked by
+    wrapping what Bridge's ``train_step`` calls: the model config's ``finalize_model_grads_func``
+    (grad-sync, called by MCore's schedules after the last backward) and ``optimizer.step``, whose
+    first call allocates the optimizer's state (``optimizer-init``, as the mcore back end names it)."""
+
+    @functools.wraps(function)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        first = on_first_iteration if instrument.iteration == 1 else None
+        instrument.enter(instrument.iteration, phase if first is None else first)
+        return function(*args, **kwargs)
+
+    return marked
+
+
+def mark_backward(output_tensor: Any, instrument: Instrument, iteration: int) -> None:
+    """Mark ``backward`` when autograd reaches the model's output, the first thing a micro-batch's backward
+    computes after the loss (the last pipeline stage: earlier stages are placed by grad-sync)."""
+    if isinstance(output_tensor, torch.Tensor) and output_tensor.requires_grad:
+
+        def started(grad: torch.Tensor) -> None:
+            instrument.enter(iteration, "backward")
+
+        output_tensor.register_hook(started)
+
+
 class RankMetrics:
     """Every rank, every step: phase marks, step time, loss, allocator peaks, device memory, FLOPs.
 
@@ -155,6 +188,14 @@ class RankMetrics:
         dispatcher = dispatcher_of(model)
         if dispatcher is not None:
             self.instrument.note("moe_dispatcher", dispatcher)
+        config = get_model_config(context.model[0])
+        if config.finalize_model_grads_func is not None:
+            config.finalize_model_grads_func = marking(
+                config.finalize_model_grads_func, self.instrument, "grad-sync"
+            )
+        context.optimizer.step = marking(
+            context.optimizer.step, self.instrument, "optimizer-step", "optimizer-init"
+        )
         start = context.state.train_state.step
         self.capture_after = capture_after(model, start)
         self.flops_before = self._flops(context) or 0.0
@@ -193,10 +234,13 @@ class RankMetrics:
         self._report_flops(context)
 
 
-class FaultingForwardStep:
-    """Bridge's forward-step function with the fault hook on its loss: the loss function receives the
-    model's per-token output poisoned (NaN/Inf) on the fault's rank and iteration, so Bridge's own
-    loss checks see it. Bridge injects its ``GlobalState`` because the first parameter is ``state``."""
+class MarkedForwardStep:
+    """Bridge's forward-step function with phase marks and the fault hook on its loss: each micro-batch's
+    forward is marked ``forward`` (a micro-batch's forward follows the previous one's backward), its
+    backward is marked when autograd reaches the output (``mark_backward``), and the loss function
+    receives the model's per-token output poisoned (NaN/Inf) on the fault's rank and iteration, so
+    Bridge's own loss checks see it. Bridge injects its ``GlobalState`` because the first parameter is
+    ``state``."""
 
     def __init__(self, forward_step: Any, instrument: Instrument) -> None:
         self.forward_step = forward_step
@@ -205,10 +249,12 @@ class FaultingForwardStep:
     def __call__(
         self, state: Any, data_iterator: Any, model: Any, return_schedule_plan: bool = False
     ) -> Any:
-        output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
         iteration = state.train_state.step + 1
+        self.instrument.enter(iteration, "forward")
+        output, loss_function = self.forward_step(state, data_iterator, model, return_schedule_plan)
 
         def poisoned(output_tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            mark_backward(output_tensor, self.instrument, iteration)
             return loss_function(self.instrument.loss(output_tensor, iteration), *args, **kwargs)
 
         return output, poisoned
@@ -285,6 +331,43 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
     return f"flex/{backend} (its package is missing on this machine)"
 
 
+# HybridEP (DeepEP's hybrid_ep buffer, through MCore's flex dispatcher) reads how many EP ranks share one
+# NVLink domain from this variable and asserts that the EP group's size is a multiple of it ("The number
+# of ranks {group.size()} should be divisible by the number of ranks per NVLink domain {n}.", MCore's
+# fused_a2a._hybrid_ep_num_nodes, main after 0.19). Bridge's Nemotron 3 Nano / Moonlight recipes set 8,
+# right for their EP 8 layouts and fatal at the first dispatch of a shortened EP 1 or EP 2 one.
+HYBRID_EP_RANKS_ENV = "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN"
+
+
+def hybrid_ep_environment(env_vars: dict[str, Any], ep: int) -> dict[str, Any]:
+    """The recipe's environment with HybridEP's ranks per NVLink domain fitted to the row's EP size: kept
+    when EP is a multiple of it (EP 16 over two 8-GPU nodes: 8 per domain), EP itself when the whole EP
+    group fits in one domain (EP 1, 2, 4 under a recipe's 8); any other layout is refused (ValueError,
+    which Bridge's pre-launch check reports for the row in one line)."""
+    if HYBRID_EP_RANKS_ENV not in env_vars:
+        return dict(env_vars)
+    per_domain = int(env_vars[HYBRID_EP_RANKS_ENV])
+    if per_domain >= 1 and ep % per_domain == 0:
+        return dict(env_vars)
+    if per_domain >= 1 and per_domain % ep == 0:
+        return {**env_vars, HYBRID_EP_RANKS_ENV: ep}
+    raise ValueError(
+        f"expert_model_parallel_size {ep} does not fit HybridEP's {HYBRID_EP_RANKS_ENV}="
+        f"{per_domain} (Bridge's recipe): EP must be a multiple of it, or divide it"
+    )
+
+
+def log_interval(recipe: Recipe) -> int:
+    """Bridge's ``logger.log_interval`` for a short run: past the last iteration. Bridge's ``training_log``
+    reads its interval timer with a barrier (``timers("interval-time").elapsed(barrier=True)``) at every
+    step where ``iteration % log_interval == 0`` (``training/utils/train_utils.py`` at r0.6); logging every
+    step put a world barrier inside every measured step, one the user's job (logging every 10 or 100
+    steps) pays once per interval. So the barrier is kept out of the run, not measured and subtracted;
+    the harness's own callback logs every step. The recipe's ``manual_gc_interval`` stays: its
+    ``gc.collect`` is a cost the user's job pays at the same steps."""
+    return recipe.train_iters + 1
+
+
 def collective_timeout_minutes(recipe: Recipe) -> int:
     """Bridge's collective timeout for a row: at least the row's own timeout (which is longer than its
     stall timeout), so the runner's stall detection, not NCCL's watchdog, ends a hung row."""
@@ -306,7 +389,7 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     cfg.dataset.blend_per_split = None
     cfg.validation.eval_iters = 0
     cfg.validation.eval_interval = None
-    cfg.logger.log_interval = 1
+    cfg.logger.log_interval = log_interval(recipe)
     cfg.logger.tensorboard_dir = None
     cfg.logger.wandb_project = None
     cfg.checkpoint.save = None
@@ -342,6 +425,7 @@ def short_run(cfg: Any, recipe: Recipe, row: str) -> tuple[Any, dict[str, str]]:
     }  # full rows: no module list
     for name, value in recompute.items():
         setattr(cfg.model, name, value)
+    cfg.env_vars = hybrid_ep_environment(cfg.env_vars, layout.ep)
     requested = _dispatcher_fallback(cfg)
     return cfg, {} if requested is None else {"moe_dispatcher_requested": requested}
 
@@ -429,11 +513,7 @@ def train(recipe: Recipe, row: str, instrument: Instrument) -> None:
             phase_from_traceback(exc, instrument.iteration) or instrument.phase_name
         )
 
-    step = (
-        FaultingForwardStep(forward_step, instrument)
-        if instrument.fault is not None
-        else forward_step
-    )
+    step = MarkedForwardStep(forward_step, instrument)
     try:
         with instrument.reporting_unwind(_upstream_entry_points(), before_report=refine_phase):
             pretrain(cfg, step, callbacks=callbacks)

@@ -4,7 +4,9 @@ Order of evidence: a rank's own error line (written by the worker with the phase
 before upstream clean-up runs: Bridge's ``_pretrain`` aborts its process groups before re-raising,
 and that abort can hang) decides, even when the runner then had to stop the row. Otherwise a row
 the runner had to stop (timeout, or no rank reporting for the stall timeout) before every rank
-finished is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise torchrun's
+finished is a ``hang`` at the furthest-behind rank's iteration and phase. Otherwise a rank whose
+stderr holds the NCCL watchdog's timeout report (below) makes the row a ``hang`` at the furthest-behind
+rank, even though that aborted rank is the first to die unreported. Otherwise torchrun's
 per-rank ``error.json`` files, then the ranks' stderr: torch's NCCL watchdog kills a process whose
 collective timed out (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``, torch's default) with SIGABRT, leaving
 no Python error and no error file, only its "Watchdog caught collective operation timeout" line. A
@@ -248,6 +250,10 @@ def _classify(
         # reported (a lost peer) only ended slowly; who died first decides below.
         if any(not rank.errors for rank in unfinished):
             return _hang(ranks, launch, stall_timeout_s, timeout_s)
+    # A rank torch's NCCL watchdog aborted (SIGABRT) dies unreported and first, so it would look like the
+    # root cause below; it only waited for a peer: the row hung where the furthest-behind rank stopped.
+    if not own and (watchdog := watchdog_timeouts(row_dir)):
+        return _watchdog_hang(unfinished or ranks, launch, watchdog)
     dead = _died_silently(ranks, errors, launch, row_dir)
     if dead is not None:
         return dead
@@ -352,8 +358,10 @@ def _hang(
     waiting = [rank for rank in unfinished if not rank.errors] or unfinished or ranks
     _, stuck = _behind(waiting)
     first = stuck[0]
+    limit = stall_timeout_s if launch.stall_limit_s is None else launch.stall_limit_s
+    allowance = " (the first-iteration allowance)" if limit != stall_timeout_s else ""
     why = (
-        f"no rank reported progress for {stall_timeout_s:g} s"
+        f"no rank reported progress for {limit:g} s{allowance}"
         if launch.stopped == "stall"
         else f"still running after the {timeout_s:g} s timeout"
     )
@@ -401,19 +409,11 @@ def _from_torchrun(
     own = [item for item in files if not _is_peer_loss(item["message"])] or files
     (iteration, phase_index), stuck = _behind(unfinished)
     phase = PHASES[phase_index] if phase_index >= 0 else None
-    watchdog = watchdog_timeouts(row_dir)
     if own:
         root = min(own, key=lambda item: item["t"])
         kind = error_kind(None, root["message"])
         message = (
             f"{_first_line(root['message'])} (torchrun error file {Path(root['path']).parent.name})"
-        )
-    elif watchdog:
-        kind = "hang"
-        path, line = watchdog[0]
-        message = (
-            f"NCCL watchdog aborted the process: {line[:400]} ({path.parent.name}/{path.name}); "
-            f"torchrun exit codes {launch.returncodes}"
         )
     else:
         kind = "crash"
@@ -422,6 +422,24 @@ def _from_torchrun(
             message += f"; last words: {words}"
     return Classification(
         kind, iteration if phase else None, phase, tuple(rank.rank for rank in stuck), message
+    )
+
+
+def _watchdog_hang(
+    unfinished: list[RankEvidence], launch: LaunchResult, watchdog: list[tuple[Path, str]]
+) -> Classification:
+    """The ranks the watchdog aborted timed out waiting; the hang is at the furthest-behind rank."""
+    (iteration, phase_index), stuck = _behind(unfinished)
+    phase = PHASES[phase_index] if phase_index >= 0 else None
+    path, line = watchdog[0]
+    where = f"iteration {iteration} {phase}" if phase else "before its first phase"
+    message = (
+        f"NCCL watchdog aborted {len(watchdog)} waiting rank(s): {line[:400]} "
+        f"({path.parent.name}/{path.name}); rank(s) {[r.rank for r in stuck]} stopped at {where}; "
+        f"torchrun exit codes {launch.returncodes}"
+    )
+    return Classification(
+        "hang", iteration if phase else None, phase, tuple(r.rank for r in stuck), message
     )
 
 

@@ -41,7 +41,14 @@ LOSS_KINDS = ("nan", "inf")
 # (step start and end, where CUDA-graph capture falls) and its forward-step function (the loss).
 BACKEND_PHASES = {
     "mcore": tuple(phase for phase in PHASES if phase != "cuda-graph-capture"),
-    "bridge": ("model-build", "cuda-graph-capture", "forward"),
+    "bridge": (
+        "model-build",
+        "cuda-graph-capture",
+        "forward",
+        "backward",
+        "grad-sync",
+        "optimizer-step",
+    ),
 }
 INJECTED_OOM_MESSAGE = (
     "CUDA out of memory. Tried to allocate 2.00 GiB (injected by the recompute-harness fault hook "

@@ -1,8 +1,9 @@
 """Worker-side instrumentation shared by both back ends: phases, per-iteration peaks, errors, faults.
 
-Per iteration it costs one flushed JSON line per phase plus one for the iteration, two reads of
-the CUDA caching allocator's counters (``max_memory_allocated``/``max_memory_reserved``, host-side, no
-device sync), ``memory_allocated()`` after the optimizer step and after zero_grad (memory carried
+Per iteration it costs one flushed JSON line per phase plus one for the iteration, four reads of
+the CUDA caching allocator's counters (``max_memory_allocated``/``max_memory_reserved`` at the
+iteration's start, before ``reset_peak_memory_stats``, and at its end; host-side, no device sync: the
+iteration's own peak and the run's high-water mark, ``PeakTracker``), ``memory_allocated()`` after the optimizer step and after zero_grad (memory carried
 into the next iteration), and one ``torch.cuda.mem_get_info()`` (the driver's free/total of the whole device:
 what the allocator does not see — the CUDA context, NCCL's and DeepEP/HybridEP's buffers). Phases
 are marked on the host; an OOM is raised on the host by the allocating call, so the phase it is
@@ -44,9 +45,23 @@ class NonFiniteLoss(FloatingPointError):
         self.phase = "forward"
 
 
-MemoryReading = tuple[
-    int | None, int | None, int | None
-]  # (allocated peak, reserved peak, device used)
+# (allocated high-water, reserved high-water, device used, this iteration's allocated and reserved peaks)
+MemoryReading = tuple[int | None, int | None, int | None, int | None, int | None]
+
+
+class PeakTracker:
+    """The run's allocator high-water marks, kept on the rank across the per-iteration resets of the
+    allocator's peak statistics (a reset forgets them): the maximum of every peak read so far."""
+
+    def __init__(self) -> None:
+        self.allocated = 0
+        self.reserved = 0
+
+    def fold(self, allocated: int, reserved: int) -> tuple[int, int]:
+        """Take in peaks read since the last reset; the high-water marks through them."""
+        self.allocated = max(self.allocated, allocated)
+        self.reserved = max(self.reserved, reserved)
+        return self.allocated, self.reserved
 
 
 class Instrument:
@@ -64,6 +79,8 @@ class Instrument:
         self.allocated: dict[
             str, int
         ] = {}  # memory_allocated() read this iteration, emitted at its end
+        self.high_water = PeakTracker()
+        self.peaks_reset_for = 0  # the iteration whose start last reset the allocator's peaks
 
     def started(self, world_size: int) -> None:
         """Announce this rank. No CUDA call here: CUDA reads some settings once, when it initialises
@@ -91,6 +108,8 @@ class Instrument:
 
     def enter(self, iteration: int, name: str) -> None:
         """Mark the start of a phase (and give the fault hook its chance to fire there)."""
+        if iteration >= 1 and iteration != self.peaks_reset_for:
+            self.reset_peaks(iteration)
         self.iteration, self.phase_name = iteration, name
         self.events.emit("phase", iteration=iteration, phase=name)
         if (
@@ -121,18 +140,37 @@ class Instrument:
         self.fault_fired()
         return self.fault.poison_loss(loss, iteration, self.rank)
 
-    def memory_peaks(self) -> MemoryReading:
-        """Allocator peaks and the device memory in use (total - free: every process on this GPU)."""
+    def reset_peaks(self, iteration: int) -> None:
+        """At an iteration's first phase: fold the peaks since the last reset (model build, the gap
+        between steps, CUDA-graph capture) into the high-water marks, then reset the allocator's peak
+        statistics, so the peak read at the iteration's end is that iteration's own. Host-side counters,
+        no device sync; nothing on CPU or before CUDA has started."""
+        self.peaks_reset_for = iteration
         if self.device != "cuda":
-            return None, None, None
+            return
+        import torch
+
+        if not torch.cuda.is_initialized():
+            return
+        self.high_water.fold(
+            int(torch.cuda.max_memory_allocated()), int(torch.cuda.max_memory_reserved())
+        )
+        torch.cuda.reset_peak_memory_stats()
+
+    def memory_peaks(self) -> MemoryReading:
+        """The run's allocator high-water marks, the device memory in use (total - free: every process
+        on this GPU) and this iteration's own allocator peaks."""
+        if self.device != "cuda":
+            return None, None, None, None, None
         import torch
 
         free, total = torch.cuda.mem_get_info()
-        return (
+        allocated, reserved = (
             int(torch.cuda.max_memory_allocated()),
             int(torch.cuda.max_memory_reserved()),
-            int(total - free),
         )
+        high_allocated, high_reserved = self.high_water.fold(allocated, reserved)
+        return high_allocated, high_reserved, int(total - free), allocated, reserved
 
     def read_allocated(self, point: str) -> None:
         """``torch.cuda.memory_allocated()`` now, for ``point`` "after_step" or "after_zero_grad" (nothing
@@ -154,7 +192,9 @@ class Instrument:
         peaks: MemoryReading | None = None,
     ) -> None:
         """``peaks`` when read earlier (right after the optimizer step); else read now."""
-        allocated, reserved, device_used = self.memory_peaks() if peaks is None else peaks
+        allocated, reserved, device_used, iteration_allocated, iteration_reserved = (
+            self.memory_peaks() if peaks is None else peaks
+        )
         carried = {f"allocated_{point}_bytes": value for point, value in self.allocated.items()}
         self.allocated = {}
         self.events.emit(
@@ -166,6 +206,8 @@ class Instrument:
             allocated_bytes=allocated,
             reserved_bytes=reserved,
             device_used_bytes=device_used,
+            iteration_allocated_bytes=iteration_allocated,
+            iteration_reserved_bytes=iteration_reserved,
             **carried,
             nan=loss is not None and not math.isfinite(loss),
         )

@@ -108,6 +108,9 @@ class Recipe:
     requires: tuple[str, ...] = ()
     timeout_s: float = 600.0
     stall_timeout_s: float = 300.0
+    # The silence allowed until every rank has finished iteration 1 (compilation, autotune, JIT); None:
+    # the stall timeout.
+    first_iteration_timeout_s: float | None = None
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -129,6 +132,8 @@ class Recipe:
             float(values["timeout_s"]),
             float(values["stall_timeout_s"]),
         )
+        first = values.get("first_iteration_timeout_s")
+        values["first_iteration_timeout_s"] = None if first is None else float(first)
         return cls(**values)
 
 
@@ -309,6 +314,12 @@ def check_recipe(recipe: Recipe) -> None:
         raise UsageError(
             f"{where}: stall_timeout_s {recipe.stall_timeout_s:g} must be shorter than timeout_s "
             f"{recipe.timeout_s:g}"
+        )
+    first_allowance = recipe.first_iteration_timeout_s
+    if first_allowance is not None and not 0 < first_allowance < recipe.timeout_s:
+        raise UsageError(
+            f"{where}: first_iteration_timeout_s {first_allowance:g} must be positive and shorter "
+            f"than timeout_s {recipe.timeout_s:g}"
         )
     first, last = recipe.steady_window
     if not 1 <= first <= last <= recipe.train_iters:

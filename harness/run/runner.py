@@ -257,6 +257,7 @@ def run_one_row(
             stall_timeout_s=stall_timeout_s,
             # Always set: a row without a fault must not inherit the caller's own RECOMPUTE_HARNESS_FAULT.
             env={FAULT_ENV: fault.spec() if fault is not None else ""},
+            first_iteration_timeout_s=recipe.first_iteration_timeout_s,
             on_poll=None
             if progress is None
             else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),

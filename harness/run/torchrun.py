@@ -50,6 +50,9 @@ class LaunchResult:
     died: list[int] = field(
         default_factory=list
     )  # ranks whose process ended without finishing or an error
+    stall_limit_s: float | None = (
+        None  # the silence allowed when stopped "stall" (first-iteration or stall)
+    )
 
     @property
     def succeeded(self) -> bool:
@@ -184,9 +187,12 @@ def run_row(
     stall_timeout_s: float,
     env: dict[str, str] | None = None,
     on_poll: Callable[[list[RankEvidence], float], None] | None = None,
+    first_iteration_timeout_s: float | None = None,
 ) -> LaunchResult:
     """Start each command (a torchrun, or an srun of torchruns) in its own session, watch the ranks'
-    evidence, and stop the job on timeout or stall."""
+    evidence, and stop the job on timeout or stall. Until every rank has finished iteration 1 the
+    silence allowed is ``first_iteration_timeout_s`` (None: the stall timeout): a first step compiles
+    (Triton autotune, HybridEP's JIT, TE's kernels) for minutes without a word, which is no hang."""
     row_dir = Path(row_dir)
     token = uuid.uuid4().hex
     child_env = {**os.environ, **(env or {}), JOB_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
@@ -194,6 +200,7 @@ def run_row(
     wall_start = time.time()
     procs: list[subprocess.Popen] = []
     stopped = None
+    limit = stall_timeout_s
     libc_prctl()  # loaded before the fork that runs die_with_parent
     try:  # started inside: a launch that fails part-way still stops the nodes already started
         for index, command in enumerate(commands):
@@ -218,14 +225,18 @@ def run_row(
             # The stall clock runs once every rank is training (iteration >= 1): imports, rendezvous
             # and model build are bounded by the row timeout (and torchrun's own join timeout).
             watching = all(rank.started and rank.iteration >= 1 for rank in ranks)
+            past_first = all(rank.iterations for rank in ranks)
+            limit = (
+                stall_timeout_s
+                if past_first or first_iteration_timeout_s is None
+                else first_iteration_timeout_s
+            )
             died = _died_unreported(row_dir, world_size, ranks)
             if died:  # blame and stop now: the others would only wait in a collective for the stall timeout
                 stopped = "died"
             elif elapsed > timeout_s:
                 stopped = "timeout"
-            elif (
-                watching and time.time() - (latest_activity(ranks) or wall_start) > stall_timeout_s
-            ):
+            elif watching and time.time() - (latest_activity(ranks) or wall_start) > limit:
                 stopped = "stall"
             if stopped:
                 break
@@ -245,6 +256,7 @@ def run_row(
         stopped,
         killed,
         died if stopped == "died" else [],
+        limit if stopped == "stall" else None,
     )
 
 

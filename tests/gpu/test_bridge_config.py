@@ -298,10 +298,10 @@ def test_the_fault_forward_step_gets_bridges_state_injected():
     from megatron.bridge.training.gpt_step import forward_step
     from megatron.bridge.training.utils.train_utils import needs_global_state_injection
 
-    from harness.run.backend_bridge import FaultingForwardStep
+    from harness.run.backend_bridge import MarkedForwardStep
 
     assert needs_global_state_injection(forward_step)
-    assert needs_global_state_injection(FaultingForwardStep(forward_step, None))
+    assert needs_global_state_injection(MarkedForwardStep(forward_step, None))
 
 
 def test_a_flex_dispatcher_row_is_validated_on_the_workers_gpu():

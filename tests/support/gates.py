@@ -1,15 +1,46 @@
 """GPU-tier gates: each returns None when the machine has what a test needs, else a skip reason that
 names exactly what is missing (CUDA, GPU count, SM 9.0 for H100 goldens, Transformer Engine,
-mamba-ssm, Megatron Bridge)."""
+mamba-ssm, Megatron Bridge at the project's pin). What the machine has is gated; a golden never is:
+GPU tests judge their records with the plugin's ``recompute_golden`` fixture, whose missing golden
+fails the test by name."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+import tomllib
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.run.recipes import import_failure
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bridge_pin() -> str:
+    """The Megatron Bridge version of the project's ``bridge`` extra (pyproject.toml), e.g. 0.6.2."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    (pin,) = [re.fullmatch(r"megatron-bridge==([\w.]+)", item) for item in extras["bridge"]]
+    assert pin is not None, extras["bridge"]
+    return pin.group(1)
+
+
+BRIDGE_VERSION = _bridge_pin()
+
+
+def version_gap(distribution: str, wanted: str) -> str | None:
+    """None when ``distribution`` is installed at exactly ``wanted``, else what is installed instead: an
+    image with an older Bridge imports fine and then lacks the recipes and callbacks the tests use."""
+    try:
+        found = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return f"{distribution} is not installed"
+    return None if found == wanted else f"{distribution} {found} is installed"
 
 
 @cache
@@ -38,11 +69,13 @@ def missing(
         major, minor = torch.cuda.get_device_capability(0)
         if f"{major}.{minor}" != sm:
             return f"needs SM {sm} (the goldens' H100 profile): this GPU is SM {major}.{minor}"
+    if bridge and (gap := version_gap("megatron-bridge", BRIDGE_VERSION)) is not None:
+        return f"needs Megatron Bridge {BRIDGE_VERSION}: {gap}"
     # Bridge's training (not its config validation) imports nvidia-resiliency-ext: Bridge on GPUs needs it.
     for wanted, module, name in (
         (te, "transformer_engine", "Transformer Engine"),
         (mamba, "mamba_ssm", "mamba-ssm"),
-        (bridge, "megatron.bridge", "Megatron Bridge 0.6.2"),
+        (bridge, "megatron.bridge", f"Megatron Bridge {BRIDGE_VERSION}"),
         (bridge and gpus > 0, "nvidia_resiliency_ext.inprocess", "nvidia-resiliency-ext"),
     ):
         if wanted and (reason := _import_failure(module)) is not None:

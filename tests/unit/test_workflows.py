@@ -47,11 +47,32 @@ def test_the_cpu_workflow_runs_the_readme_commands():
     }
 
 
+def test_the_nightly_runs_bridge_and_megatron_core_at_the_projects_pins():
+    """Issue 24 item 2: the default NeMo 25.09 image predated Bridge 0.6 (no callbacks module, no
+    nemotron_3_nano recipe). The image must be NeMo Framework 26.08 or later (Bridge 0.6's release), and
+    the job installs the pins the goldens are keyed on before any test runs."""
+    workflow = yaml.safe_load((WORKFLOWS / "nightly-gpu.yml").read_text())
+    job = workflow["jobs"]["gpu-tier"]
+    default = workflow[True]["workflow_dispatch"]["inputs"]["image"][
+        "default"
+    ]  # YAML 1.1: on -> True
+    assert default.startswith("nvcr.io/nvidia/nemo:")
+    year, month = (int(part) for part in default.rsplit(":", 1)[1].split(".")[:2])
+    assert (year, month) >= (26, 8), default
+    assert default in job["container"]["image"]
+    steps = [step.get("run", "") for step in job["steps"]]
+    pins = next(i for i, run in enumerate(steps) if "pip install --no-deps" in run)
+    assert "optional-dependencies" in steps[pins] and "^megatron-core==" in steps[pins]
+    assert pins < next(i for i, run in enumerate(steps) if "ci/nightly-gpu.sh" in run)
+
+
 def test_the_cpu_workflow_runs_every_step_of_ci_run():
     # .ci/run names each step as `step "NAME" COMMAND`; the workflow runs each COMMAND (pytest may add
     # a report option), so a step added to one and not the other fails here.
     ci_steps = re.findall(r'^step "[^"]+" (.+)$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
-    assert len(ci_steps) == 6, ci_steps  # ruff check, ruff format, mypy, tests, rehearsal, revisions
+    assert len(ci_steps) == 6, (
+        ci_steps
+    )  # ruff check, ruff format, mypy, tests, rehearsal, revisions
     steps = yaml.safe_load((WORKFLOWS / "cpu.yml").read_text())["jobs"]["cpu-tier"]["steps"]
     commands = [step["run"] for step in steps if "run" in step]
     missing = [c for c in ci_steps if not any(run.startswith(c) for run in commands)]

@@ -14,9 +14,11 @@ from harness.cli import main
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
 from harness.estimate.anchors import GPT_ANCHOR, korthikanti_layer_bytes, megatron_lm_layer_bytes
+from harness.estimate.estimate import rank_peak
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.estimate.layers import build_layer, measure_layer
 from harness.estimate.model import DENSE, Architecture
+from harness.golden.estimate import judge_estimate
 from harness.golden.store import estimate_dir, golden_path_for, golden_root
 
 GOLDEN_ESTIMATE = sorted(estimate_dir(golden_root()).glob("moonlight-full-8gpu__fused__*.json"))
@@ -261,3 +263,84 @@ def test_probe_fused_backend_records_and_names_its_golden(parallel_state):
         control.retained_bytes - core_attn.retained_bytes
         == lse - 4 * style.config_kwargs["num_layers"] - mask
     )
+
+
+def _check_golden_argv(golden_dir: Path, *more: str) -> list[str]:
+    return [
+        "estimate",
+        "--recipe",
+        "moonlight-full-8gpu",
+        "--check-golden",
+        "--golden-dir",
+        str(golden_dir),
+        *more,
+    ]
+
+
+@pytest.mark.parametrize(
+    "more, message",
+    [
+        ((), "no estimate golden "),  # an empty golden root: nothing to judge against
+        (("--write-golden",), "cannot also --write-golden"),
+    ],
+)
+def test_check_golden_without_a_golden_is_one_line_exit_2(capsys, tmp_path, more, message):
+    assert main(_check_golden_argv(tmp_path, *more)) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and err.startswith("recompute-harness: error: ")
+    assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
+
+
+def test_check_golden_refuses_a_row_the_golden_lacks_before_measuring(capsys, tmp_path):
+    (tmp_path / "estimate").mkdir()
+    (tmp_path / "estimate" / GOLDEN_ESTIMATE[-1].name).write_bytes(GOLDEN_ESTIMATE[-1].read_bytes())
+    assert main(_check_golden_argv(tmp_path, "--rows", "mla_up_proj", "moe")) == 2
+    err = capsys.readouterr().err
+    assert "has no row 'moe' to judge" in err and err.count("\n") == 1
+
+
+def test_judge_names_every_changed_figure_of_a_row():
+    golden = json.loads(GOLDEN_ESTIMATE[-1].read_text())
+    actual = json.loads(GOLDEN_ESTIMATE[-1].read_text())
+    assert judge_estimate(golden, actual) == []
+    up = next(row for row in actual["rows"] if row["label"] == "mla_up_proj")
+    up["per_kind"]["moe"]["retained_bytes"] += 2  # what a layer kind leaves changed...
+    up["status"] = "inactive"  # ...and what the label does
+    lines = [mismatch.line() for mismatch in judge_estimate(golden, actual)]
+    now = up["per_kind"]["moe"]["retained_bytes"]
+    assert lines == [
+        "row 'mla_up_proj': status golden 'effective', now 'inactive'",
+        f"row 'mla_up_proj': moe retained_bytes golden {now - 2}, now {now} (+0.00 %)",
+    ]
+
+
+def test_peak_is_the_layer_whose_transient_tops_the_layers_retained_up_to_it():
+    """Stage [dense, moe]: the dense layer's forward transient (100) comes when only it is retained
+    (10), the MoE layer's (5) on top of both layers' bytes (10 + 20); the peak is the larger moment."""
+
+    def measured(values: dict[str, int]) -> list[dict[str, int]]:
+        return [{"seq_length": s, **values} for s in (64, 128, 256)]
+
+    result = {
+        "kinds": {
+            "dense": {
+                "[]": [
+                    {"seq_length": s, "retained_bytes": 10, "attribution": {}}
+                    for s in (64, 128, 256)
+                ]
+            },
+            "moe": {
+                "[]": [
+                    {"seq_length": s, "retained_bytes": 20, "attribution": {}}
+                    for s in (64, 128, 256)
+                ]
+            },
+        },
+        "peaks": {
+            "dense": {"[]": measured({"forward_transient": 100, "backward_transient": 0})},
+            "moe": {"[]": measured({"forward_transient": 5, "backward_transient": 3})},
+        },
+    }
+    assert rank_peak(result, "[]", ["dense", "moe"], 1, 4096) == (110, "forward of layer 0 (dense)")
+    # two micro-batches in flight: the other one keeps the whole stage (30) retained throughout
+    assert rank_peak(result, "[]", ["dense", "moe"], 2, 4096) == (140, "forward of layer 0 (dense)")

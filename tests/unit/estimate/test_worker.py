@@ -1,4 +1,5 @@
-"""``estimate`` end to end on a GPU recipe: torchrun, the real MCore layers, every status, the JSON."""
+"""``estimate`` end to end on a GPU recipe: torchrun, the real MCore layers, every status, the JSON,
+and ``--check-golden`` judging the committed golden of that recipe."""
 
 from __future__ import annotations
 
@@ -7,29 +8,47 @@ import json
 import pytest
 
 from harness.cli import main
+from harness.golden.estimate import judge_estimate
+from harness.golden.store import estimate_dir, golden_root
 
 pytestmark = pytest.mark.slow  # starts torchrun and builds hidden-2048 MoE layers (~20 s)
 
+# Written by: ./venv-run recompute-harness estimate --recipe mcore-moonlight-1gpu \
+#   --rows '[]' mlp moe_act gdn_norm_out full-uniform-1 mla_up_proj --write-golden
+COMMITTED = sorted(estimate_dir(golden_root()).glob("mcore-moonlight-1gpu__unfused__*.json"))
 
-def test_estimate_reports_every_status_on_the_hot_rank(capsys, tmp_path):
+
+def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(capsys, tmp_path):
+    """One measurement serves both: the check runs against a copy of the committed golden in which
+    only mla_up_proj's saving differs by one byte, so exactly that row is named (exit 1) and every
+    other figure of the committed golden is matched to the byte."""
+    assert COMMITTED, "the committed estimate golden of mcore-moonlight-1gpu is missing"
+    committed = json.loads(COMMITTED[-1].read_text())
+    altered = json.loads(COMMITTED[-1].read_text())
+    row = next(row for row in altered["rows"] if row["label"] == "mla_up_proj")
+    row["saving_bytes"] += 1
+    (tmp_path / "golden" / "estimate").mkdir(parents=True)
+    (tmp_path / "golden" / "estimate" / COMMITTED[-1].name).write_text(json.dumps(altered))
     out = tmp_path / "estimate.json"
     argv = [
         "estimate",
         "--recipe",
         "mcore-moonlight-1gpu",
-        "--rows",
-        "[]",
-        "mlp",
-        "moe_act",
-        "gdn_norm_out",
-        "full-uniform-1",
-        "mla_up_proj",
+        "--check-golden",
+        "--golden-dir",
+        str(tmp_path / "golden"),
         "--json",
         "--out",
         str(out),
     ]
-    assert main(argv) == 0
-    printed = json.loads(capsys.readouterr().out)
+    assert main(argv) == 1  # the altered saving is a regression
+    captured = capsys.readouterr()
+    printed = json.loads(captured.out)
+    verdict = captured.err.strip().splitlines()
+    assert verdict[0].startswith("golden: 1 figure(s) differ from ")
+    changed = f"golden {row['saving_bytes']}, now {row['saving_bytes'] - 1} (-0.00 %)"
+    assert verdict[1:] == [f"  row 'mla_up_proj': saving_bytes {changed}"]
+    assert judge_estimate(committed, printed) == []  # the committed golden, judged
     assert json.loads(out.read_text()) == printed
     assert printed["layers"] == {"dense": 1, "moe": 7} and printed["hot_rank"] == 0
     assert (
@@ -67,3 +86,10 @@ def test_estimate_reports_every_status_on_the_hot_rank(capsys, tmp_path):
         up["removed"][0]["module"].endswith("self_attention.core_attention")
         and up["removed"][0]["bytes"] > 0
     )
+    # The rank's peak (MemTracker): on top of what the stage retains, at its last layer (7), where
+    # every layer's saved tensors are alive; under unfused attention the largest transient is a MoE
+    # layer's backward (the fp32 gradients of its s x s score matrices)
+    control = rows["[]"]
+    assert control["peak_bytes"] > control["retained_bytes"]
+    assert control["peak_phase"] == "backward of layer 7 (moe)"
+    assert up["peak_saving_bytes"] == control["peak_bytes"] - up["peak_bytes"] > 0

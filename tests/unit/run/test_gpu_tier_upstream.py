@@ -20,7 +20,14 @@ from harness.run.events import EventWriter, events_path, read_rank
 from harness.run.faults import parse_fault
 from harness.run.instrument import Instrument
 from harness.run.preflight import preflight_environment
-from harness.run.recipes import Recipe, check_packages, check_recipe, importable, load_recipe
+from harness.run.recipes import (
+    Recipe,
+    check_packages,
+    check_recipe,
+    importable,
+    load_recipe,
+    recipe_names,
+)
 from harness.run.runner import check_launchable
 from harness.run.torchrun import TORCHRUN_DIR, LaunchResult
 
@@ -119,6 +126,60 @@ def test_a_watchdog_abort_is_a_hang_at_the_rank_furthest_behind(tmp_path):
         (1,),
     )
     assert "NCCL watchdog" in outcome.message
+
+
+# Issue 24 item 4: the waiting rank's watchdog aborts it (SIGABRT) while its stuck peer lives on, so the
+# runner sees the waiting rank die unreported first (launch.died) and torchrun names it the root cause.
+# The stderr lines are torch 2.14.1's (strings of libtorch_cuda.so, ProcessGroupNCCL); the launcher log
+# is torchrun's failure summary for a signal death (torch/distributed/elastic/multiprocessing/errors).
+WATCHDOG_ABORT_STDERR = (
+    WATCHDOG_LINE
+    + "\n[rank0]:[E1201 10:00:00.100000000 ProcessGroupNCCL.cpp:2280] [PG ID 0 PG GUID 0(default_pg) "
+    "Rank 0]  failure detected by watchdog at work sequence id: 812 PG status: last enqueued work: "
+    "812, last completed work: 811\n"
+    "[rank0]:[E1201 10:00:00.100000000 ProcessGroupNCCL.cpp:746] [Rank 0] To avoid data "
+    "inconsistency, we are taking the entire process down.\n"
+    "terminate called after throwing an instance of 'c10::DistBackendError'\n"
+    "Fatal Python error: Aborted\n"
+)
+TORCHRUN_SIGABRT_SUMMARY = """[E1201 10:00:01.000000 4200 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -6) local_rank: 0 (pid: 4242) of binary: python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+harness.run.worker FAILED
+------------------------------------------------------------
+Failures:
+  <NO_OTHER_FAILURES>
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-01_10:00:01
+  host      : h200-a
+  rank      : 0 (local_rank: 0)
+  exitcode  : -6 (pid: 4242)
+  error_file: <N/A>
+  traceback : Signal 6 (SIGABRT) received by PID 4242
+============================================================
+"""
+
+
+def test_a_watchdog_abort_seen_as_a_death_blames_the_stuck_peer_not_the_waiting_rank(tmp_path):
+    def write(writer, rank):
+        writer.emit("phase", iteration=4, phase="grad-sync" if rank == 0 else "backward")
+
+    ranks = _ranks(tmp_path, 2, write)
+    log = tmp_path / TORCHRUN_DIR / "node0" / "job" / "attempt_0" / "0" / "stderr.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("some warning\n" + WATCHDOG_ABORT_STDERR)
+    (tmp_path / "launcher0.log").write_text(TORCHRUN_SIGABRT_SUMMARY)
+    launch = LaunchResult([1], 601.0, "token", stopped="died", died=[0])
+    outcome = _classify(ranks, tmp_path, launch)
+    assert (outcome.status, outcome.iteration, outcome.phase, outcome.ranks) == (
+        "hang",
+        4,
+        "backward",
+        (1,),
+    )
+    assert "NCCL watchdog aborted 1 waiting rank(s)" in outcome.message
 
 
 def test_collectives_outlast_the_stall_timeout():
@@ -301,18 +362,52 @@ def test_a_dispatcher_fallback_is_another_workload_not_a_regression(tmp_path):
     ) == ("flash", "fused")
 
 
-# 9. A fault the back end never fires is refused before launch.
+# 9 / issue 24 item 4: the bridge back end marks backward, grad-sync and the optimizer (wrapping what
+# Bridge's train_step calls), so a fault there is accepted and fires in its own phase.
 @pytest.mark.parametrize(
-    "spec",
+    "spec, phase",
     [
-        "oom:iteration=2,phase=backward",
-        "oom:iteration=2,phase=grad-sync",
-        "hang:iteration=3,phase=optimizer-step",
+        ("oom:iteration=2,phase=grad-sync", "grad-sync"),
+        ("oom:iteration=2,phase=optimizer-step", "optimizer-step"),
     ],
 )
-def test_bridge_refuses_faults_in_phases_it_never_marks(spec):
-    with pytest.raises(UsageError, match="the bridge back end never marks phase"):
-        check_launchable(load_recipe("moonlight-short-1gpu"), [parse_fault(spec)])
+def test_a_fault_in_grad_sync_or_the_optimizer_fires_in_that_phase(
+    tmp_path, monkeypatch, spec, phase
+):
+    import torch
+
+    from harness.run.backend_bridge import marking
+
+    parse_fault(spec).check_backend("bridge")  # no longer refused before launch
+    monkeypatch.setenv("RECOMPUTE_HARNESS_FAULT", spec)
+    instrument = Instrument(tmp_path, 0, "cpu")
+    called = []
+    step = marking(lambda: called.append(1), instrument, phase, on_first_iteration="optimizer-init")
+    instrument.enter(1, "forward")
+    step()  # iteration 1: optimizer-init for the optimizer, the fault waits for iteration 2
+    instrument.enter(2, "forward")
+    with pytest.raises(torch.OutOfMemoryError, match=f"phase {phase}"):
+        step()
+    rank = read_rank(events_path(tmp_path, 0), 0)
+    assert (rank.iteration, rank.phase, rank.fault_fired, called) == (2, phase, True, [1])
+
+
+def test_a_fault_in_backward_fires_when_autograd_reaches_the_output(tmp_path, monkeypatch):
+    import torch
+
+    from harness.run.backend_bridge import mark_backward
+
+    parse_fault("oom:iteration=3,phase=backward").check_backend("bridge")
+    monkeypatch.setenv("RECOMPUTE_HARNESS_FAULT", "oom:iteration=3,phase=backward")
+    instrument = Instrument(tmp_path, 0, "cpu")
+    weight = torch.ones(4, requires_grad=True)
+    instrument.enter(3, "forward")
+    output = weight * 2.0
+    mark_backward(output, instrument, 3)
+    with pytest.raises(torch.OutOfMemoryError, match="phase backward"):
+        output.sum().backward()
+    rank = read_rank(events_path(tmp_path, 0), 0)
+    assert (rank.iteration, rank.phase) == (3, "backward")
 
 
 def test_mcore_refuses_a_capture_fault():
@@ -372,3 +467,139 @@ def test_the_allocator_settings_are_checked_not_cuda_init(order, expected):
         timeout=120,
     ).stdout
     assert out.startswith(expected), out
+
+
+# Issue 24 item 1. The environment of Bridge r0.6's nemotron_3_nano_pretrain_8gpu_h100_bf16_config
+# (recipes/nemotronh/h100/nemotron_3_nano.py at 6124fbe, its HybridEP entries), and the assertion HybridEP's
+# buffer set-up raises when the EP group is not a multiple of it (MCore fused_a2a._hybrid_ep_num_nodes).
+NEMOTRON_3_NANO_ENV = {
+    "CUDA_DEVICE_MAX_CONNECTIONS": 32,
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": 8,
+    "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": 128,
+    "NVLINK_DOMAIN_SIZE": 8,
+    "USE_MNNVL": 0,
+}
+HYBRID_EP_ASSERTION = (
+    "The number of ranks 1 should be divisible by the number of ranks per NVLink domain 8."
+)
+
+
+@pytest.mark.parametrize(
+    "recipe_name, per_domain",
+    [
+        ("nemotron-3-nano-short-1gpu", 1),
+        ("nemotron-3-nano-short-2gpu", 2),
+        ("nemotron-3-nano-short-8gpu", 8),
+        ("nemotron-3-nano-full-16gpu", 8),
+    ],
+)
+def test_hybrid_ep_ranks_per_nvlink_domain_follow_the_recipes_ep(recipe_name, per_domain):
+    from harness.run.backend_bridge import HYBRID_EP_RANKS_ENV, hybrid_ep_environment
+
+    ep = load_recipe(recipe_name).parallelism.ep
+    fitted = hybrid_ep_environment(NEMOTRON_3_NANO_ENV, ep)
+    assert fitted[HYBRID_EP_RANKS_ENV] == per_domain
+    assert ep % fitted[HYBRID_EP_RANKS_ENV] == 0  # HybridEP's own requirement
+    assert {k: v for k, v in fitted.items() if k != HYBRID_EP_RANKS_ENV} == {
+        k: v for k, v in NEMOTRON_3_NANO_ENV.items() if k != HYBRID_EP_RANKS_ENV
+    }
+
+
+def test_a_layout_hybrid_ep_cannot_split_is_refused_in_one_line():
+    from harness.run.backend_bridge import hybrid_ep_environment
+
+    with pytest.raises(ValueError, match="expert_model_parallel_size 12 does not fit") as refused:
+        hybrid_ep_environment(NEMOTRON_3_NANO_ENV, 12)
+    assert "\n" not in str(refused.value)
+
+
+def test_hybrid_eps_assertion_at_the_first_dispatch_is_a_crash_in_forward(tmp_path):
+    def write(writer, rank):
+        writer.emit("phase", iteration=1, phase="forward")
+        writer.emit(
+            "error",
+            iteration=1,
+            phase="forward",
+            type="AssertionError",
+            message=HYBRID_EP_ASSERTION,
+            local_loss_finite=None,
+        )
+
+    outcome = _classify(_ranks(tmp_path, 1, write), tmp_path)
+    assert (outcome.status, outcome.iteration, outcome.phase) == ("crash", 1, "forward")
+    assert HYBRID_EP_ASSERTION in outcome.message
+
+
+# Issue 24 item 7: Bridge r0.6's training_log barriers (timers("interval-time").elapsed(barrier=True))
+# at each step where iteration % log_interval == 0 (training/utils/train_utils.py); none may be measured.
+@pytest.mark.parametrize("name", [n for n in recipe_names() if load_recipe(n).backend == "bridge"])
+def test_bridges_logging_barrier_falls_outside_every_measured_step(name):
+    from harness.run.backend_bridge import log_interval
+
+    recipe = load_recipe(name)
+    interval = log_interval(recipe)
+    barriers = [it for it in range(1, recipe.train_iters + 1) if it % interval == 0]
+    assert barriers == []
+
+
+# Issue 24 item 6: peaks were lifetime high-water marks (nothing reset them). A rank now resets the
+# allocator's peak statistics at each iteration's first phase, keeping the high-water mark itself.
+def test_the_high_water_mark_survives_the_per_iteration_resets():
+    from harness.run.instrument import PeakTracker
+
+    tracker = PeakTracker()
+    assert tracker.fold(40 * GIB, 50 * GIB) == (40 * GIB, 50 * GIB)  # model build + iteration 1
+    assert tracker.fold(30 * GIB, 44 * GIB) == (
+        40 * GIB,
+        50 * GIB,
+    )  # iteration 2 alone, after a reset
+    assert tracker.fold(52 * GIB, 60 * GIB) == (52 * GIB, 60 * GIB)  # a late iteration grows
+
+
+def test_the_peaks_reset_once_per_iteration_at_its_first_phase(tmp_path):
+    instrument = Instrument(tmp_path, 0, "cpu")
+    instrument.enter(1, "forward")
+    instrument.enter(1, "backward")
+    assert instrument.peaks_reset_for == 1
+    instrument.enter(2, "cuda-graph-capture")  # Bridge's capture runs before the step it precedes
+    instrument.enter(2, "forward")
+    assert instrument.peaks_reset_for == 2
+
+
+def test_a_late_iterations_growth_shows_in_its_own_peak_under_an_early_transient(tmp_path):
+    recipe = load_recipe("nemotron-3-nano-short-1gpu")
+    own = {it: 30 * GIB for it in range(1, recipe.train_iters + 1)}
+    own[1], own[9] = 40 * GIB, 35 * GIB  # iteration 1's transient, iteration 9's growth
+
+    def write(writer, rank):
+        writer.emit("device", name="NVIDIA H200", sm="9.0")
+        high = 0
+        for it in range(1, recipe.train_iters + 1):
+            high = max(high, own[it])
+            writer.emit("phase", iteration=it, phase="forward")
+            writer.emit(
+                "iteration",
+                iteration=it,
+                loss=9.0,
+                step_time_ms=900.0,
+                skipped=False,
+                allocated_bytes=high,
+                reserved_bytes=50 * GIB,
+                device_used_bytes=60 * GIB,
+                iteration_allocated_bytes=own[it],
+                iteration_reserved_bytes=45 * GIB,
+                nan=False,
+            )
+
+    ranks = _ranks(tmp_path, 1, write)
+    outcome = Classification("completed", recipe.train_iters, None, (), "ok")
+    record = build_record(recipe, "[]", ranks, outcome, revisions=_revisions()).to_json()
+    validate_record(record)
+    peaks = record["metrics"]["ranks"][0]["peaks"]
+    assert [p["iteration"] for p in peaks if p["iteration_allocated_bytes"] > 30 * GIB] == [1, 9]
+    assert {p["allocated_bytes"] for p in peaks} == {40 * GIB}  # the high-water mark hides it
+    headline = record["metrics"]["headline"]
+    assert (headline["peak_allocated_bytes"], headline["run_peak_allocated_bytes"]) == (
+        40 * GIB,
+        40 * GIB,
+    )  # the headline goldens hold is unchanged: the high-water mark after iterations 2 and last

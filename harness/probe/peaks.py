@@ -1,0 +1,154 @@
+"""Peaks over one training step, per phase (forward, backward, optimizer) and per module, from torch's
+own memory tracker (``torch.distributed._tools.mem_tracker.MemTracker``), not a hand-written one.
+
+The probe's retained bytes are what autograd holds at the end of forward; a GPU's peak is a moment of
+the step, and recompute moves it: a checkpoint replays its forward inside backward, where the
+replayed activations, the gradients of activations (temporaries) and the parameter gradients are
+alive together. ``MemTracker`` sees every storage an op creates (and ``resize_``, so an output-discard
+checkpoint's freed output counts as freed), and splits them into parameters, buffers, gradients,
+activations, temporaries, optimizer state and other (the batch).
+
+One step is measured from a reset RNG, after the probe's other measurements:
+
+- **forward**: the tracker's peak when the loss is returned (forward is the step's first phase);
+- **backward**: the root module's own backward peak (``Peak-Backward`` of the model);
+- **optimizer**: ``torch.optim.Adam`` steps in a second tracker that knows the parameters, their
+  gradients and the optimizer (its state and temporaries are created in the step); the activations and
+  temporaries still alive when backward ended are added, as they are alive throughout the step.
+
+Per phase the figure is the bytes at that phase's peak that are not parameters, buffers or the batch
+(activations + temporaries + gradients + optimizer state): what the step adds on top of the weights,
+the quantity a GPU's allocated peak minus the model's weights reads. The breakdown is kept beside it.
+Per module (decoder layers and their direct children): the activation + temporary bytes at that
+module's own forward and backward peaks (the largest over its calls).
+
+The weights are copied back after the optimizer step, so the probe's model is left as it was built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch.distributed._tools.mem_tracker import MemTracker
+
+from harness.cpu.adapter import reseed
+from harness.models import TinyModel
+
+PHASES = ("forward", "backward", "optimizer")
+# MemTracker's categories (its ``_MemRefType`` values), and the ones that are not the step's own.
+PARAMETER, BUFFER, GRADIENT = "Parameter", "Buffer", "Gradient"
+ACTIVATION, TEMPORARY, OPTIMIZER_STATE, OTHER = "Activation", "Temp", "Optstate", "Other"
+_NOT_THE_STEPS = (PARAMETER, BUFFER, OTHER)
+_PEAK_FORWARD, _PEAK_BACKWARD = "Peak-Forward", "Peak-Backward"
+_MODULE_DEPTH = 4  # decoder.layers.<i>.<child>: per layer and per layer part
+_CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """The tracker's snapshot at one phase's peak: bytes per category, and the step's own total."""
+
+    activation: int
+    temporary: int
+    gradient: int
+    optimizer_state: int
+
+    @property
+    def step_bytes(self) -> int:
+        return self.activation + self.temporary + self.gradient + self.optimizer_state
+
+
+@dataclass(frozen=True)
+class StepPeaks:
+    forward: PhasePeak
+    backward: PhasePeak
+    optimizer: PhasePeak
+    # module path -> {"forward": bytes, "backward": bytes}: activations + temporaries at its own peaks
+    modules: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def phase(self, name: str) -> PhasePeak:
+        return getattr(self, name)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            **{
+                name: {**asdict(self.phase(name)), "step_bytes": self.phase(name).step_bytes}
+                for name in PHASES
+            },
+            "modules": self.modules,
+        }
+
+
+def _phase_peak(snapshot: dict[str, int], carried: PhasePeak | None = None) -> PhasePeak:
+    extra = carried or PhasePeak(0, 0, 0, 0)
+    return PhasePeak(
+        activation=snapshot.get(ACTIVATION, 0) + extra.activation,
+        temporary=snapshot.get(TEMPORARY, 0) + extra.temporary,
+        gradient=snapshot.get(GRADIENT, 0),
+        optimizer_state=snapshot.get(OPTIMIZER_STATE, 0),
+    )
+
+
+def _on_cpu(snapshot: dict[torch.device, dict[str, int]]) -> dict[str, int]:
+    # Keys are MemTracker's ``_MemRefType`` members (str enums) plus its plain "Total".
+    return {getattr(key, "value", key): value for key, value in snapshot.get(_CPU, {}).items()}
+
+
+def live_activation_bytes(snapshot: dict[torch.device, dict[str, int]]) -> int:
+    """Activation + temporary bytes on the CPU in a MemTracker snapshot."""
+    cpu = _on_cpu(snapshot)
+    return cpu.get(ACTIVATION, 0) + cpu.get(TEMPORARY, 0)
+
+
+def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[str, int]]:
+    """Activation + temporary bytes at each module's own forward / backward peak (largest call)."""
+    root_name = tracker.memory_tracking[root].mod_fqn
+    peaks: dict[str, dict[str, int]] = {}
+    for stats in tracker.memory_tracking.values():
+        if not stats.mod_fqn.startswith(f"{root_name}."):
+            continue
+        name = stats.mod_fqn[len(root_name) + 1 :]
+        if name.count(".") >= _MODULE_DEPTH or not name.startswith("decoder.layers."):
+            continue
+        peaks[name] = {
+            phase: max(
+                (live_activation_bytes(snapshot) for snapshot in stats.snapshots.get(state, [])),
+                default=0,
+            )
+            for phase, state in (("forward", _PEAK_FORWARD), ("backward", _PEAK_BACKWARD))
+        }
+    return dict(sorted(peaks.items()))
+
+
+def measure_step_peaks(model: TinyModel, *, seed: int = 1234) -> StepPeaks:
+    """One forward + backward + Adam step of ``model`` under ``MemTracker``; the weights are restored."""
+    module = model.module
+    module.train()
+    module.zero_grad(set_to_none=True)
+    weights = [parameter.detach().clone() for parameter in module.parameters()]
+    batch = model.batch()
+    optimizer = torch.optim.Adam(module.parameters())
+    tracker = MemTracker()
+    tracker.track_external(module, *batch.values())
+    reseed(seed)
+    with tracker:
+        loss = model.loss(batch)
+        forward = _phase_peak(_on_cpu(tracker.get_tracker_snapshot("peak")))
+        loss.backward()
+        after_backward = _on_cpu(tracker.get_tracker_snapshot("current"))
+    backward = _phase_peak(_on_cpu(tracker.memory_tracking[module].snapshots[_PEAK_BACKWARD][-1]))
+    modules = _module_peaks(tracker, module)
+    still_alive = PhasePeak(
+        after_backward.get(ACTIVATION, 0), after_backward.get(TEMPORARY, 0), 0, 0
+    )
+    step = MemTracker()
+    step.track_external(module, optimizer)
+    with step:
+        optimizer.step()
+    optimizer_peak = _phase_peak(_on_cpu(step.get_tracker_snapshot("peak")), still_alive)
+    with torch.no_grad():
+        for parameter, weight in zip(module.parameters(), weights, strict=True):
+            parameter.copy_(weight)
+    module.zero_grad(set_to_none=True)
+    return StepPeaks(forward, backward, optimizer_peak, modules)

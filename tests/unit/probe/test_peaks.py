@@ -1,0 +1,69 @@
+"""Peaks over the step from torch's own MemTracker, on real MCore layers (dense-tiny, CPU, TP 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state
+from harness.models import build_model
+from harness.probe.measure import Measurement, measure
+
+ROWS = ("[]", "full-uniform-1")
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, tuple[torch.nn.Module, Measurement]]:
+    init_cpu_parallel_state()
+    out = {}
+    for row in ROWS:
+        model = build_model("dense-tiny", RecomputeFields.parse(row))
+        out[row] = (model.module, measure(model))
+    return out
+
+
+@pytest.mark.parametrize("row", ROWS)
+def test_forward_peak_holds_at_least_what_forward_retains(measured, row):
+    """What autograd still holds when forward returns was alive at forward's peak too; no gradient
+    or optimizer state exists yet (the step starts from zero_grad(set_to_none=True))."""
+    _, result = measured[row]
+    forward = result.peaks.forward
+    assert forward.activation >= result.retained_bytes > 0
+    assert forward.gradient == 0 and forward.optimizer_state == 0
+
+
+def test_full_recompute_moves_the_peak_into_backward(measured):
+    """Full recompute keeps only each layer's input in forward, and replays the layer in backward:
+    its forward peak is far below []'s, and in backward more activations are alive at once than at
+    the end of its own forward (the replayed layer), so its step peaks in backward, not in forward."""
+    control, full = measured["[]"][1].peaks, measured["full-uniform-1"][1].peaks
+    assert full.forward.step_bytes < control.forward.step_bytes / 2
+    assert full.backward.activation > full.forward.activation
+    assert full.backward.step_bytes > 2 * full.forward.step_bytes
+    assert control.backward.step_bytes > full.backward.step_bytes  # still below []'s backward
+
+
+def test_optimizer_phase_holds_every_gradient_and_adam_state(measured):
+    module, result = measured["[]"]
+    parameter_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    optimizer = result.peaks.optimizer
+    assert optimizer.gradient == parameter_bytes  # every parameter of dense-tiny gets a gradient
+    assert optimizer.optimizer_state >= 2 * parameter_bytes  # exp_avg + exp_avg_sq, fp32
+
+
+def test_the_step_leaves_the_weights_as_built(measured):
+    """The Adam step is undone: the probe's model keeps the weights every row shares."""
+    module, _ = measured["[]"]
+    built = build_model("dense-tiny", RecomputeFields.parse("[]")).module
+    assert all(
+        torch.equal(a, b) for a, b in zip(module.parameters(), built.parameters(), strict=True)
+    )
+    assert all(p.grad is None for p in module.parameters())
+
+
+def test_per_module_peaks_name_every_layer_and_its_parts(measured):
+    modules = measured["[]"][1].peaks.modules
+    assert {"decoder.layers.0", "decoder.layers.1", "decoder.layers.0.mlp"} <= set(modules)
+    # the second layer runs with the first layer's saved activations alive: its peaks are higher
+    assert modules["decoder.layers.1"]["forward"] > modules["decoder.layers.0"]["forward"] > 0
