@@ -322,7 +322,10 @@ def _probe_in_process(
     except Exception as exc:  # noqa: BLE001 - a model this tree cannot build is recorded, not fatal
         why = f"the [] control raised {exception_line(exc)}"
         results = [
-            ProbeRowResult(row.label, row.fields, row.add_bias_linear, ERROR, why) for row in rows
+            ProbeRowResult(
+                row.label, ERROR, why, fields=row.fields, add_bias_linear=row.add_bias_linear
+            )
+            for row in rows
         ]
     else:
         results = [
@@ -356,7 +359,11 @@ def _measure_or_error(
         raise
     except Exception as exc:  # noqa: BLE001 - one row that raises must not lose the others
         return ProbeRowResult(
-            row.label, row.fields, row.add_bias_linear, ERROR, exception_line(exc)
+            row.label,
+            ERROR,
+            exception_line(exc),
+            fields=row.fields,
+            add_bias_linear=row.add_bias_linear,
         )
 
 

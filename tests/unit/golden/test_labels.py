@@ -91,13 +91,14 @@ def test_manifest_lives_under_the_roots_labels_directory(tmp_path):
     assert write_manifest(tmp_path)[0].parent == tmp_path / "labels"
 
 
-def test_the_committed_manifest_loads_as_a_typed_manifest_and_writes_back_byte_for_byte(tmp_path):
-    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
-    manifest = load_manifest(committed)
-    assert manifest.fingerprint == committed.stem and "core_attn" in manifest.labels
-    copy = tmp_path / committed.name
-    write_json_atomic(copy, manifest.to_json())
-    assert copy.read_bytes() == committed.read_bytes()
+def test_the_committed_manifests_load_as_typed_manifests_and_write_back_byte_for_byte(tmp_path):
+    # One per supported revision (0.18.2, 0.19.0, 0.19.2, the development head).
+    for committed in sorted((CHECKOUT_ROOT / "labels").glob("*.json")):
+        manifest = load_manifest(committed)
+        assert manifest.fingerprint == committed.stem and "core_attn" in manifest.labels
+        copy = tmp_path / committed.name
+        write_json_atomic(copy, manifest.to_json())
+        assert copy.read_bytes() == committed.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,9 @@ def test_the_committed_manifest_loads_as_a_typed_manifest_and_writes_back_byte_f
     ],
 )
 def test_a_manifest_of_another_shape_is_refused_in_one_line(tmp_path, edit, refusal):
-    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
+    committed = (
+        CHECKOUT_ROOT / "labels" / f"{collect_revisions()['megatron_core']['fingerprint']}.json"
+    )
     data = json.loads(committed.read_text())
     edit(data)
     path = tmp_path / committed.name
