@@ -256,10 +256,13 @@ def _fit_moe_metrics_tracker(num_layers: int) -> None:
     process (the probe, a test worker) would index past them. Such a tracker is dropped; one of the
     right size is kept, as a training process keeps it warm after its first step (so counts of replayed
     operators never depend on which model a process built before)."""
-    from megatron.core.transformer.moe.moe_logging import (
-        destroy_moe_metrics_tracker,
-        get_moe_metrics_tracker,
-    )
+    try:
+        from megatron.core.transformer.moe.moe_logging import (
+            destroy_moe_metrics_tracker,
+            get_moe_metrics_tracker,
+        )
+    except ImportError:  # trees before Megatron-LM #3431 (main of early 2026) keep no such tracker
+        return
 
     if any(
         entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()

@@ -86,9 +86,9 @@ def run(args: argparse.Namespace) -> int:
     # Measured start-up cost: harness.probe / harness.models / harness.golden.probe import torch and
     # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
     # revision's refusal never pay.
-    from harness.golden.probe import golden_step, refuse_unpinnable
+    from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, style_model
-    from harness.probe.runner import probe_models
+    from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
         attribution_table,
         carried_table,
@@ -98,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
         unmeasured_table,
     )
 
+    drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
-        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+        drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
     if args.list:
         for style in STYLE_MODELS.values():
             print(f"{style.name:<16} {style.description}")
@@ -133,9 +134,16 @@ def run(args: argparse.Namespace) -> int:
         if unmeasured:
             print(unmeasured)
             print()
-    exit_code = EXIT_OK
+    errors = probe_errors(probes)
+    if errors:
+        print(f"{len(errors)} row(s) raised (status error; the rest was probed):")
+        print("\n".join(f"  {line}" for line in errors))
+    exit_code = EXIT_FAILED if errors else EXIT_OK
     if args.write_golden or args.check_golden:
-        lines, _, differs = golden_step(probes, write=args.write_golden, golden_dir=args.golden_dir)
-        print("\n".join(lines))
-        exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
+        lines, _, differs = golden_step(
+            probes, write=args.write_golden, golden_dir=args.golden_dir, adapter_drift=drift
+        )
+        print("\n".join(adapter_drift_lines(drift) + lines))
+        if differs and args.check_golden:
+            exit_code = EXIT_FAILED
     return exit_code

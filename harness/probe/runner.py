@@ -20,7 +20,7 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.errors import EXIT_FAILED
+from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
@@ -28,12 +28,14 @@ from harness.probe.plan import CONTROL, ProbeRow, plan_rows
 from harness.probe.status import (
     CONTROL_STATUS,
     EFFECTIVE,
+    ERROR,
     INACTIVE,
     REJECTED,
     REQUIRES_TE,
     Equivalence,
     MeasuredRow,
     compare_numerics,
+    exception_line,
     requires_te_reason,
     sum_order_reason,
     te_only_labels_missing,
@@ -312,13 +314,23 @@ def _probe_in_process(
     row_timeout_s: float,
     cleanup: Callable[[], None],
 ) -> ModelProbe:
-    with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
-        base = baseline(style.name, seed=seed, **sizes)
-    results = []
-    for row in rows:
-        exit_if_stopped()
-        with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
-            results.append(measure_row(style.name, row, base, seed=seed, **sizes))
+    try:
+        with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
+            base = baseline(style.name, seed=seed, **sizes)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model this tree cannot build is recorded, not fatal
+        why = f"the [] control raised {exception_line(exc)}"
+        results = [
+            ProbeRowResult(
+                row.label, ERROR, why, fields=row.fields, add_bias_linear=row.add_bias_linear
+            )
+            for row in rows
+        ]
+    else:
+        results = [
+            _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup) for row in rows
+        ]
     return ModelProbe(
         style.name,
         style.description,
@@ -327,6 +339,42 @@ def _probe_in_process(
         results,
         sizes.get("attention_backend", "unfused"),
     )
+
+
+def _measure_or_error(
+    style: StyleModel,
+    row: ProbeRow,
+    base: Baseline,
+    seed: int,
+    sizes: dict[str, Any],
+    row_timeout_s: float,
+    cleanup: Callable[[], None],
+) -> ProbeRowResult:
+    """One row, or (when building or measuring it raises) an ``error`` row naming the exception."""
+    exit_if_stopped()
+    try:
+        with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
+            return measure_row(style.name, row, base, seed=seed, **sizes)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one row that raises must not lose the others
+        return ProbeRowResult(
+            row.label,
+            ERROR,
+            exception_line(exc),
+            fields=row.fields,
+            add_bias_linear=row.add_bias_linear,
+        )
+
+
+def probe_errors(probes: list[ModelProbe]) -> list[str]:
+    """``model / label: reason`` for every row recorded as ``error``."""
+    return [
+        f"{probe.model} / {row.label}: {row.reason}"
+        for probe in probes
+        for row in probe.rows
+        if row.status == ERROR
+    ]
 
 
 def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:

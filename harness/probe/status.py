@@ -7,7 +7,9 @@ Statuses (the ``[]`` row itself is ``control``):
                   that this build does not have, so the label is silently ignored;
 - ``rejected``    the real validator refused the configuration (with the matrix rule id);
 - ``hang``        the isolated probe did not finish before its timeout (process group killed);
-- ``crash``       the isolated probe died without a result.
+- ``crash``       the isolated probe died without a result;
+- ``error``       building or measuring the row (or its model's ``[]`` control) raised; the reason is
+                  the exception's line, and the rest of the probe goes on (exit 1).
 
 Importing this module does not import torch: the isolated-probe parent uses the statuses too.
 """
@@ -24,7 +26,13 @@ if TYPE_CHECKING:
 
 CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
-HANG, CRASH = "hang", "crash"
+HANG, CRASH, ERROR = "hang", "crash", "error"
+
+
+def exception_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a row that raised records as its reason."""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
 
 
 @dataclass

@@ -9,7 +9,7 @@ from typing import Any
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
 from harness.probe.peaks import PHASES
 from harness.probe.runner import ModelProbe, ProbeRowResult
-from harness.probe.status import CRASH, EFFECTIVE, HANG, REQUIRES_TE
+from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_TE
 
 MIB = 1024 * 1024
 _LAYER_CHILD = re.compile(r"^(.*?layers\.\d+)((?:\.[^.]+){0,2})")
@@ -41,7 +41,7 @@ def _equivalence(row: ProbeRowResult) -> str:
 def _status(row: ProbeRowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in (HANG, CRASH, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
+    if row.status in (HANG, CRASH, ERROR, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
         return f"{row.status}: {row.reason}"
     return row.status
 

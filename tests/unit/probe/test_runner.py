@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from harness.golden.probe import check_probe_golden, probe_records, write_probe_golden
+from harness.golden.probe import (
+    check_probe_golden,
+    golden_step,
+    judge_probe_golden,
+    probe_records,
+    write_probe_golden,
+)
 from harness.golden.store import golden_filename
 from harness.models import STYLE_MODELS
 from harness.probe.coverage import describe_unmeasured
@@ -100,6 +106,27 @@ def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes
     assert problems[1] == f"against {older.name} (other revisions): 1 change(s)"
     assert problems[2].startswith("moe: backward_flops ") and "FAIL" in problems[2]
     assert len(problems) == 3
+
+
+def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path):
+    probe = probes["dense-tiny"]
+    path, _ = write_probe_golden(probe, tmp_path)
+    golden = json.loads(path.read_text())
+    golden["pins"]["megatron_core"] = {
+        "version": "0.0.1",
+        "commit": None,
+        "fingerprint": "0000000000000000",
+    }
+    older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
+    older.write_text(json.dumps(golden))
+    path.unlink()
+    assert judge_probe_golden(probe, tmp_path) == (path, [], older)
+    lines, _, differs = golden_step([probe], write=False, golden_dir=tmp_path)
+    expected = (
+        f"dense-tiny: same behaviour: no golden {path.name} for this new revision, and no value "
+        f"changed against {older.name}"
+    )
+    assert not differs and lines == [expected]
 
 
 def test_rows_survive_the_isolated_childs_json(probes):
