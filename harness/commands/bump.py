@@ -126,10 +126,15 @@ def run(args: argparse.Namespace) -> int:
             )
             return
         from harness.models import STYLE_MODELS
+        from harness.probe.plan import PRECISIONS
         from harness.probe.runner import probe_models
         from harness.probe.table import probe_table, unmeasured_table
 
-        probes = probe_models(list(STYLE_MODELS))
+        probes = [
+            probe
+            for precision in PRECISIONS
+            for probe in probe_models(list(STYLE_MODELS), precision=precision)
+        ]
         for result in probes:
             print(probe_table(result) + "\n")
         unmeasured = unmeasured_table(probes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.probe.plan import PRECISIONS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="core attention: MCore's local (unfused, keeps the score matrix; default) or a CPU "
         "core attention that keeps what fused/flash attention keeps (q, k, v, output, "
         "softmax statistics)",
+    )
+    parser.add_argument(
+        "--precision",
+        nargs="+",
+        choices=PRECISIONS,
+        default=list(PRECISIONS),
+        help="parameter and activation dtypes, one pass each (default: all: fp32, where the "
+        "bitwise verdicts are read, and bf16, the bytes the GPU recipes keep); each has its own "
+        "goldens",
     )
     parser.add_argument(
         "--attribution",
@@ -123,13 +133,18 @@ def run(args: argparse.Namespace) -> int:
         unmeasured_table,
     )
 
-    probes = probe_models(
-        names,
-        label_sets,
-        hang_timeout_s=args.hang_timeout,
-        attention_backend=args.attention_backend,
-        **sizes,
-    )
+    probes = [
+        probe
+        for precision in dict.fromkeys(args.precision)
+        for probe in probe_models(
+            names,
+            label_sets,
+            hang_timeout_s=args.hang_timeout,
+            attention_backend=args.attention_backend,
+            precision=precision,
+            **sizes,
+        )
+    ]
     if args.json:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:
@@ -161,7 +176,7 @@ def golden_step(
     Returns (report lines, paths written, whether any golden differed). The diff against the golden
     being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
     """
-    from harness.probe.golden import REFRESH_COMMAND, check_probe_golden, write_probe_golden
+    from harness.probe.golden import check_probe_golden, refresh_command, write_probe_golden
 
     lines: list[str] = []
     written_paths: list[str] = []
@@ -178,7 +193,12 @@ def golden_step(
                 f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
             )
             problems += (
-                [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+                [
+                    "if the change is intended, refresh with: "
+                    + refresh_command(probe.attention_backend)
+                ]
+                if problems
+                else []
             )
         lines += [f"  {problem}" for problem in problems]
     return lines, written_paths, differs

@@ -32,14 +32,26 @@ from harness.record.golden_dir import existing, golden_path_for, golden_root, ne
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
+
+
+def refresh_command(attention_backend: str = "unfused") -> str:
+    """The one command that rewrites every golden of an attention back end (every precision)."""
+    return REFRESH_COMMAND + (
+        "" if attention_backend == "unfused" else f" --attention-backend {attention_backend}"
+    )
+
+
 CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 
 
-def recipe_name(model: str, attention_backend: str = "unfused") -> str:
-    """``cpu-probe-<model>``; fused-attention probes are their own recipe (and golden):
-    ``cpu-probe-<model>-fused``. The unfused name is the historical one, so existing goldens load."""
-    return f"cpu-probe-{model}" + (
-        "" if attention_backend == "unfused" else f"-{attention_backend}"
+def recipe_name(model: str, attention_backend: str = "unfused", precision: str = "fp32") -> str:
+    """``cpu-probe-<model>``; fused-attention and bf16 probes are their own recipes (and goldens):
+    ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``. The
+    unfused fp32 name is the historical one, so existing goldens load."""
+    return (
+        f"cpu-probe-{model}"
+        + ("" if attention_backend == "unfused" else f"-{attention_backend}")
+        + ("" if precision == "fp32" else f"-{precision}")
     )
 
 
@@ -63,7 +75,7 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
-    recipe = recipe_name(probe.model, probe.attention_backend)
+    recipe = recipe_name(probe.model, probe.attention_backend, probe.precision)
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
@@ -77,7 +89,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     seq_length=probe.seq_length,
                     micro_batch_size=probe.micro_batch_size,
                     global_batch_size=probe.micro_batch_size,
-                    precision="fp32",
+                    precision=probe.precision,
                     attention_backend=RECORD_NAMES[probe.attention_backend],
                     train_iters=None,
                     parallelism=parallelism(),
@@ -117,7 +129,7 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
         records,
         {
             "source": "cpu probe run",
-            "command": REFRESH_COMMAND,
+            "command": refresh_command(probe.attention_backend),
             "host": socket.gethostname(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "gpu": None,

@@ -20,14 +20,15 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.errors import EXIT_FAILED
+from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
-from harness.probe.plan import CONTROL, ProbeRow, plan_rows
+from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
 from harness.probe.status import (
     CONTROL_STATUS,
     EFFECTIVE,
+    ERROR,
     INACTIVE,
     REJECTED,
     REQUIRES_TE,
@@ -43,6 +44,7 @@ DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
 # The deadlock row is about MCore's CheckpointFunction, not a model's shape, and each isolated child
 # pays a fresh torch + MCore import: it runs on the dense model only.
 HANG_PROBE_MODELS = ("dense-tiny",)
+DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16), strict=True))
 
 
 @dataclass
@@ -97,6 +99,7 @@ class ModelProbe:
     micro_batch_size: int
     rows: list[ProbeRowResult]
     attention_backend: str = "unfused"  # harness.cpu.attention.ATTENTION_BACKENDS
+    precision: str = "fp32"  # harness.probe.plan.PRECISIONS
 
     @property
     def control(self) -> ProbeRowResult:
@@ -117,7 +120,14 @@ def _build(
 ):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return build_model(model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes)
+        built = build_model(
+            model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes
+        )
+    if "dtype" in sizes:
+        # Training in bf16 wraps the model in Megatron's Float16Module, which casts every parameter;
+        # MCore's torch norms are built in fp32 whatever params_dtype says.
+        built.module.to(sizes["dtype"])
+    return built
 
 
 def baseline(
@@ -154,7 +164,14 @@ def measure_row(
             row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule
         )
     built.module.load_state_dict(base.state)
-    result = measure(built, seed=seed)
+    try:
+        result = measure(built, seed=seed)
+    # What an accepted configuration does on this revision is the row's result, an exception too.
+    except Exception as exc:  # noqa: BLE001
+        first_line = (str(exc).strip().splitlines() or [""])[0]
+        return ProbeRowResult(
+            row.label, row.fields, row.add_bias_linear, ERROR, f"{type(exc).__name__}: {first_line}"
+        )
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
@@ -253,9 +270,13 @@ def probe_models(
     seq_length: int | None = None,
     micro_batch_size: int | None = None,
     attention_backend: str = "unfused",
+    precision: str = "fp32",
 ) -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
-    (``hang_probe=False`` leaves them out), every other row in this process under a watchdog."""
+    (``hang_probe=False`` leaves them out), every other row in this process under a watchdog.
+
+    ``precision`` (harness.probe.plan.PRECISIONS) is the parameters' and activations' dtype. The
+    deadlock row is probed in fp32 only: it is about ``CheckpointFunction``, not the dtype."""
     styles = [style_model(name) for name in models]
     sizes: dict[str, Any] = {
         key: value
@@ -263,12 +284,20 @@ def probe_models(
         if value is not None
     }
     sizes["attention_backend"] = attention_backend
-    rows = plan_rows(label_sets, hang_probe=hang_probe)
+    if precision not in DTYPES:
+        raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
+    if precision != "fp32":
+        sizes["dtype"] = DTYPES[precision]
+        hang_probe = False
+    rows = {
+        style.name: plan_rows(label_sets, layers=style.layers, hang_probe=hang_probe)
+        for style in styles
+    }
     children = [
         IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
         for style in styles
         if style.name in HANG_PROBE_MODELS
-        for row in rows
+        for row in rows[style.name]
         if row.may_hang
     ]
 
@@ -282,7 +311,7 @@ def probe_models(
             probes = {
                 style.name: _probe_in_process(
                     style,
-                    [row for row in rows if not row.may_hang],
+                    [row for row in rows[style.name] if not row.may_hang],
                     seed=seed,
                     sizes=sizes,
                     row_timeout_s=row_timeout_s,
@@ -320,6 +349,7 @@ def _probe_in_process(
         sizes.get("micro_batch_size", style.micro_batch_size),
         results,
         sizes.get("attention_backend", "unfused"),
+        next(name for name, dtype in DTYPES.items() if dtype == sizes.get("dtype", torch.float32)),
     )
 
 

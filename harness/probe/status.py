@@ -7,7 +7,9 @@ Statuses (the ``[]`` row itself is ``control``):
                   that this build does not have, so the label is silently ignored;
 - ``rejected``    the real validator refused the configuration (with the matrix rule id);
 - ``hang``        the isolated probe did not finish before its timeout (process group killed);
-- ``crash``       the isolated probe died without a result.
+- ``crash``       the isolated probe died without a result;
+- ``error``       the validator accepted the configuration and Megatron Core raised while it ran
+                  (Megatron-LM #3562: uniform recompute indexed past the last layer), with the exception.
 
 Importing this module does not import torch: the isolated-probe parent uses the statuses too.
 """
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
-HANG, CRASH = "hang", "crash"
+HANG, CRASH, ERROR = "hang", "crash", "error"
 
 
 @dataclass(frozen=True)
