@@ -51,6 +51,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also print retained and carried bytes per module",
     )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="print, instead of the per-model tables, the configuration axes this run covered "
+        "(precision, attention back end, MoE dispatcher, TP/PP, method x num_layers, layer kinds), "
+        "where each was measured or why not, and per label the passes that measured it",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
         "--hang-timeout",
@@ -128,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.probe.table import (
         attribution_table,
         carried_table,
+        coverage_table,
         probe_json,
         probe_table,
         unmeasured_table,
@@ -145,7 +153,15 @@ def run(args: argparse.Namespace) -> int:
             **sizes,
         )
     ]
-    if args.json:
+    if args.coverage:
+        from harness.probe.axes import coverage
+
+        found = coverage(probes)
+        print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")
+        unmeasured = "" if args.json else unmeasured_table(probes)
+        if unmeasured:
+            print(unmeasured + "\n")
+    elif args.json:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:
         for probe in probes:

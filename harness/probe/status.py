@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
 HANG, CRASH, ERROR = "hang", "crash", "error"
+# A configuration the installed Megatron Core needs CUDA for (tried on CPU: the exception says why).
+REQUIRES_CUDA = "requires-CUDA"
 
 
 @dataclass(frozen=True)

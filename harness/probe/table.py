@@ -231,3 +231,26 @@ def probe_json(probe: ModelProbe) -> dict[str, Any]:
         "rows": [row.as_dict() for row in probe.rows],
         "unmeasured": unmeasured_entries(probe),
     }
+
+
+def coverage_table(coverage: dict[str, Any]) -> str:
+    """``probe --coverage``: each axis value with where it was measured or why it was not, then
+    per label the passes that measured it (harness.probe.axes)."""
+    lines = [
+        "## Coverage: configuration axes of this probe run",
+        "",
+        "| Axis | Value | Status | Measured on / why not |",
+        "|---|---|---|---|",
+    ]
+    for entry in coverage["axes"]:
+        where = ", ".join(entry["where"])
+        detail = "; ".join(part for part in (where, entry["reason"]) if part)
+        lines.append(
+            f"| {entry['axis']} | `{entry['value']}` | {entry['status']} | {detail.replace('|', '/')} |"
+        )
+    lines += ["", "| Label | Measured (effective) on |", "|---|---|"]
+    for label, where in coverage["labels"].items():
+        lines.append(
+            f"| `{label}` | {', '.join(where) or 'unmeasured (why: the unmeasured labels table)'} |"
+        )
+    return "\n".join(lines)
