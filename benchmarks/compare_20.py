@@ -18,8 +18,9 @@ from pathlib import Path
 
 from analysis_1000 import make_records
 
-from harness.compare.comparator import compare_records
-from harness.record.golden import golden_from_records, load_golden, write_golden
+from harness.golden.format import golden_from_records
+from harness.golden.judge import compare_records
+from harness.golden.store import load_golden, write_golden
 from harness.record.io import load_records
 from harness.report.markdown import comparison_markdown
 

@@ -20,7 +20,7 @@ status=0
 shopt -s nullglob
 for records in "$RECOMPUTE_HARNESS_GPU_OUT"/*/records; do
   sweep="$(basename "$(dirname "$records")")"
-  golden="$(./venv-run python -m harness.record.golden_dir "$records")"
+  golden="$(./venv-run python -m harness.golden.store "$records")"
   if [[ ! -f "$golden" ]]; then
     echo "no golden for $sweep: expected $golden (refresh with ci/golden-refresh.sh)" | tee -a "$report/summary.md"
     status=1

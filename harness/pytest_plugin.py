@@ -5,29 +5,33 @@ Installed with the harness, it is active in every pytest run of that environment
 - registers the ``gpu`` and ``slow`` markers, so ``--strict-markers`` works in a repo that never
   declared them;
 - ``--recompute-golden-dir DIR`` (else ``$RECOMPUTE_HARNESS_GOLDEN_DIR``, else the default golden root of
-  ``harness.record.golden_dir``);
+  ``harness.golden.store``);
 - ``--recompute-regen``: write the goldens instead of judging them; the test then fails saying what it
   wrote, as pytest-regressions' ``--force-regen`` does, so a regenerated golden is never a silent pass;
 - fixture ``recompute_golden``: ``recompute_golden.check(records)`` takes records (``Record`` objects,
-  or record files / directories) and judges them against the golden of their recipe × hardware ×
-  revision pins, with one JUnit property per metric; it fails with the comparison table, or with the
-  refusal naming the pins that differ.
+  record files / directories, or records as parsed JSON) and judges them against the golden of their
+  recipe × hardware × revision pins (``harness.testing``), with one JUnit property per metric, without
+  a warning in any junit_family; it fails with the comparison table, with the refusal naming the pins
+  that differ, or with one line saying what it cannot take.
 
-Only this module and ``harness.record.golden_dir``'s constants load at pytest start-up; the comparator is
-imported by the fixture, so the plugin costs a foreign test run next to nothing until it is used.
+It wires pytest to ``harness.testing`` and nothing else. Importing it costs a foreign pytest run about
+25 ms beyond pytest itself (``python -X importtime``; no torch, no Megatron Core).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 import pytest
 
+from harness.errors import UsageError
+from harness.golden.judge import Comparison
+from harness.golden.store import ENV_VAR, golden_root
+from harness.testing import RecordsLike, check_against_golden, regenerate_golden
+
 GOLDEN_DIR_OPTION = "--recompute-golden-dir"
 REGEN_OPTION = "--recompute-regen"
-# harness.record.golden_dir reads it; named here (for --help) so start-up imports nothing of the harness.
-ENV_VAR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
 MARKERS = (
     "gpu: needs a CUDA GPU (nightly H100 tier); skipped with a reason that names what is missing",
     "slow: a CPU test that launches processes (torchrun); still part of the CPU tier",
@@ -67,59 +71,44 @@ class GoldenCheck:
 
     @property
     def root(self) -> Path:
-        from harness.errors import UsageError
-        from harness.record.golden_dir import golden_root
-
         try:
             return golden_root(self._root)
         except UsageError as refused:
             raise pytest.UsageError(str(refused)) from None
 
-    def check(self, records: Sequence[object], golden: Path | str | None = None) -> object:
-        """Judge ``records`` (Records or record paths) against their golden under the root, or ``golden``
-        (a file or a directory). Returns the ``Comparison``; raises ``AssertionError`` when it fails."""
-        from harness.errors import UsageError
-        from harness.record.io import load_records
-        from harness.record.model import Record
-        from harness.testing import check_against_golden
-
-        try:
-            loaded = [r for r in records if isinstance(r, Record)]
-            paths = [r for r in records if not isinstance(r, Record)]
-            loaded += load_records(paths) if paths else []
-        except UsageError as refused:
-            raise AssertionError(str(refused)) from None
+    def check(
+        self,
+        records: Iterable[RecordsLike] | Mapping[str, object],
+        golden: Path | str | None = None,
+    ) -> Comparison:
+        """Judge ``records`` (Records, record paths, or records as parsed JSON) against their golden
+        under the root, or ``golden`` (a file or a directory). Returns the ``Comparison``; raises
+        ``AssertionError`` when it fails or when ``records`` are not records (one line)."""
         target = self.root if golden is None else Path(golden)
         if self._regen:
-            pytest.fail(self._regenerate(loaded, target), pytrace=False)
-        return check_against_golden(loaded, target, self._record_property)
-
-    @staticmethod
-    def _regenerate(records: list, root: Path) -> str:
-        from harness.errors import UsageError
-        from harness.record.golden_dir import writable
-        from harness.record.refresh import plan_refresh, write_refresh
-
-        if root.is_file():
-            root = root.parent.parent if root.parent.name == "cpu" else root.parent
-        try:
-            plans = plan_refresh(records, writable(root), f"pytest {REGEN_OPTION}", True, True)
-            write_refresh(plans)
-        except UsageError as refused:
-            return f"{REGEN_OPTION}: {refused}"
-        return (
-            f"{REGEN_OPTION}: wrote "
-            + ", ".join(str(plan.path) for plan in plans)
-            + "; rerun without it to judge"
-        )
+            try:
+                written = regenerate_golden(records, target, f"pytest {REGEN_OPTION}")
+            except UsageError as refused:
+                pytest.fail(f"{REGEN_OPTION}: {refused}", pytrace=False)
+            pytest.fail(
+                f"{REGEN_OPTION}: wrote {', '.join(map(str, written))}; rerun without it to judge",
+                pytrace=False,
+            )
+        return check_against_golden(records, target, self._record_property)
 
 
 @pytest.fixture
-def recompute_golden(
-    request: pytest.FixtureRequest, record_property: Callable[[str, object], None]
-) -> GoldenCheck:
+def recompute_golden(request: pytest.FixtureRequest) -> GoldenCheck:
     """``recompute_golden.check(records)``: judge run records against the golden of their pins."""
     config = request.config
+
+    def record_property(name: str, value: object) -> None:
+        # What pytest's ``record_property`` does, without requesting it: that fixture warns under
+        # the default junit_family (xunit2), whose schema has no per-test properties, yet pytest
+        # writes them in every family and CI readers show them. (``record_testsuite_property``, the
+        # xunit2 alternative, is lost in pytest-xdist workers.)
+        request.node.user_properties.append((name, value))
+
     # None falls through to golden_root's own order ($RECOMPUTE_HARNESS_GOLDEN_DIR, then the default).
     return GoldenCheck(
         config.getoption(GOLDEN_DIR_OPTION), bool(config.getoption(REGEN_OPTION)), record_property

@@ -13,17 +13,16 @@ the golden directories are not writable (nothing written).
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from harness.commands.options import add_golden_dir
+from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.files import require_writable_dir
+from harness.golden.store import golden_root, labels_dir
+from harness.matrix.drift import DEFAULT_CHECK_COUNT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from harness.commands.matrix import DEFAULT_CHECK_COUNT
-
     parser.add_argument(
         "--count",
         type=int,
@@ -38,126 +37,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_golden_dir(parser)
 
 
-@dataclass
-class Summary:
-    refreshed: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)
-    next_steps: list[str] = field(default_factory=list)
-    timings: list[tuple[str, float]] = field(default_factory=list)
-
-    def lines(self) -> list[str]:
-        out = [
-            f"refreshed: {len(self.refreshed)}",
-            *(f"  {item}" for item in self.refreshed),
-            f"left: {len(self.left)}",
-            *(f"  {item}" for item in self.left),
-        ]
-        steps = self.next_steps or ["review the diffs above and commit tests/golden/"]
-        out += ["next step:", *(f"  {step}" for step in steps)]
-        out.append(
-            "wall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.timings)
-        )
-        return out
-
-
-def _step(summary: Summary, name: str, action: Callable[[], None]) -> None:
-    print(f"\n== {name}", flush=True)
-    started = time.perf_counter()
-    try:
-        action()
-    finally:
-        summary.timings.append((name, time.perf_counter() - started))
-
-
 def run(args: argparse.Namespace) -> int:
     if args.count <= 0:
         raise UsageError("--count must be positive")
-    from harness.config.revisions import collect_revisions, megatron_core_identity, require_identity
-    from harness.files import require_writable_dir
-    from harness.record.golden_dir import golden_root, labels_dir
-
     # Refused before anything runs or is written: an unidentifiable MCore, unwritable golden dirs.
     require_identity()
     require_writable_dir(labels_dir(golden_root(args.golden_dir)))
-    summary = Summary()
+    # Measured start-up cost: the bump's steps import torch and Megatron Core (4.0 s,
+    # benchmarks/mcore_import.py), which `bump --help` and the refusals above never pay.
+    from harness.golden.bump import bump
 
-    def identity() -> None:
-        mcore, found = collect_revisions()["megatron_core"], megatron_core_identity()
-        print(
-            f"megatron-core {mcore['version']} commit {mcore['commit'] or '-'} fingerprint {mcore['fingerprint']} "
-            f"imported from {found['root']}"
-        )
-        for note in found["notes"]:
-            print(f"note: {note}")
-
-    def labels() -> None:
-        from harness.record.label_manifest import manifest_problem, write_manifest
-
-        problem = manifest_problem(args.golden_dir)
-        print(problem or "recompute labels match the manifest")
-        path, written = write_manifest(args.golden_dir)
-        print(f"{'wrote' if written else 'unchanged'} {path}")
-        summary.refreshed += [str(path)] if written else []
-
-    def matrix() -> None:
-        from harness.commands.matrix import drift_report
-        from harness.matrix.drift import RULES_FILE, SPACE_FILE
-
-        lines, drifted, _ = drift_report(args.count)
-        print("\n".join(lines))
-        if drifted:
-            summary.left.append("compatibility matrix: drift reported above")
-            summary.next_steps.append(
-                f"edit {RULES_FILE} (and {SPACE_FILE} for new fields) as the matrix "
-                "report says, then rerun ci/golden-refresh.sh"
-            )
-
-    def probe() -> None:
-        from harness.commands.probe import golden_step, refuse_unpinnable
-
-        try:
-            refuse_unpinnable(write=True, golden_dir=args.golden_dir)
-        except UsageError as exc:
-            print(f"refused: {exc}")
-            summary.left.append("CPU goldens: the probe refused to write (see above)")
-            summary.next_steps.append(
-                "review each drifted object's upstream change, add its digest in "
-                "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh"
-            )
-            return
-        from harness.models import STYLE_MODELS
-        from harness.probe.plan import PRECISIONS
-        from harness.probe.runner import probe_models
-        from harness.probe.table import probe_table, unmeasured_table
-
-        probes = [
-            probe
-            for precision in PRECISIONS
-            for probe in probe_models(list(STYLE_MODELS), precision=precision)
-        ]
-        for result in probes:
-            print(probe_table(result) + "\n")
-        unmeasured = unmeasured_table(probes)
-        if unmeasured:
-            print(unmeasured + "\n")
-        lines, written, _ = golden_step(probes, write=True, golden_dir=args.golden_dir)
-        print("\n".join(lines))
-        summary.refreshed += written
-
-    _step(summary, "identity", identity)
-    _step(summary, "labels", labels)
-    _step(summary, "matrix", matrix)
-    if args.no_probe:
-        from harness.cpu.adapter import drifted_objects
-
-        drifted = drifted_objects()
-        print(
-            "\nCPU adapter: "
-            + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision")
-        )
-        summary.left.append("CPU goldens (--no-probe)")
-    else:
-        _step(summary, "probe", probe)
+    summary = bump(args.count, probe=not args.no_probe, golden_dir=args.golden_dir)
     print("\n== summary (CPU)")
     print("\n".join(summary.lines()))
     return EXIT_FAILED if summary.next_steps else EXIT_OK

@@ -10,10 +10,9 @@ import argparse
 from pathlib import Path
 
 from harness.commands.options import add_golden_dir, note_unmeasured
-from harness.compare.comparator import compare_records, missing_golden_message
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.record.golden import load_golden
-from harness.record.golden_dir import existing, golden_root, resolve_golden
+from harness.golden.judge import compare_records, missing_golden_message
+from harness.golden.store import existing, golden_root, load_golden, resolve_golden
 from harness.record.io import load_records
 from harness.report.json_report import comparison_json, dumps
 from harness.report.markdown import comparison_markdown, emit

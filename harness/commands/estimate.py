@@ -7,9 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.files import write_json_atomic
-from harness.record.io import read_json
+from harness.config.fields import RecomputeFields
+from harness.errors import EXIT_FAILED, EXIT_OK
+from harness.estimate.estimate import check_estimable, estimate
+from harness.estimate.table import estimate_table
+from harness.golden.estimate import estimate_golden_path_for, write_estimate
+from harness.golden.store import golden_root, writable
+from harness.run.recipes import load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,62 +47,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.config.fields import RecomputeFields
-    from harness.estimate.estimate import check_estimable, estimate, golden_path
-    from harness.run.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)
     check_estimable(recipe)
     for row in args.rows or ():
         RecomputeFields.parse(row)
-    if (
-        args.write_golden and not args.out
-    ):  # refused before measuring: never into an installed package's copy
-        from harness.record.golden_dir import golden_root, writable
-
+    if args.write_golden and not args.out:
+        # refused before measuring: never into an installed package's copy
         writable(golden_root(args.golden_dir))
     try:
         result = estimate(recipe, args.rows, args.attention_backend)
     except RuntimeError as exc:
         print(f"recompute-harness: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    data = result.as_dict()
     target = (
         Path(args.out)
         if args.out
-        else golden_path(result, args.golden_dir)
+        else estimate_golden_path_for(result, args.golden_dir)
         if args.write_golden
         else None
     )
-    # A golden re-run that measured the same bytes leaves the file alone: only its provenance would differ.
-    unchanged = (
-        args.write_golden
-        and target.is_file()
-        and _without_provenance(target)
-        == {key: value for key, value in data.items() if key != "provenance"}
+    written = target is not None and write_estimate(
+        result, target, keep_unchanged=args.write_golden
     )
-    if target is not None and not unchanged:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(target, data)
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(result.as_dict(), indent=2))
     else:
-        from harness.estimate.table import estimate_table
-
         print(estimate_table(result))
     if target is not None and not args.json:
-        print(f"{'unchanged' if unchanged else 'wrote'} {target}")
+        print(f"{'wrote' if written else 'unchanged'} {target}")
     return EXIT_OK
-
-
-def _without_provenance(path: Path) -> dict[str, object] | None:
-    """The golden on disk without its provenance; None when it is not readable as one (it is then rewritten)."""
-    try:
-        data = read_json(path)
-    except UsageError:
-        return None
-    return (
-        {key: value for key, value in data.items() if key != "provenance"}
-        if isinstance(data, dict)
-        else None
-    )

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK
-from harness.record.golden_dir import golden_root, writable
+from harness.golden.refresh import plan_refresh, write_refresh
+from harness.golden.store import golden_root, writable
 from harness.record.io import load_records, unmeasured_rows
-from harness.record.refresh import plan_refresh, write_refresh
 from harness.report.json_report import dumps
 from harness.report.markdown import emit, refresh_markdown
 

@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from harness.config.labels import accepted_labels
     from harness.config.revisions import collect_revisions
-    from harness.record.label_manifest import manifest_problem, write_manifest
+    from harness.golden.labels import manifest_problem, write_manifest
 
     if args.write_manifest:
         path, written = write_manifest(args.golden_dir)

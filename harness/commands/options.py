@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from harness.record.golden_dir import ENV_VAR
+from harness.golden.store import ENV_VAR
 from harness.record.io import unmeasured_rows
 
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from harness.commands.options import add_golden_dir
+from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.probe.plan import PRECISIONS
+from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
+from harness.probe.plan import PRECISIONS, parse_label_sets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S  # light: no torch
-
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--model", help="style model to probe (see --list)")
     target.add_argument("--all", action="store_true", help="probe every style model")
@@ -97,40 +96,15 @@ def _sizes(args: argparse.Namespace) -> dict[str, int]:
     return sizes
 
 
-def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> None:
-    """Before anything runs: an MCore without an identity, a drifted adapter or (to write) a golden
-    directory that cannot be written is one line and exit 2."""
-    from harness.config.revisions import require_identity
-
-    require_identity()  # before torch and Megatron Core are imported
-    from harness.cpu.adapter import require_supported_revision
-    from harness.files import require_writable_dir
-    from harness.record.golden_dir import directory_for, golden_root
-
-    if write:
-        require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
-
-    require_supported_revision("write CPU goldens" if write else "judge CPU goldens")
-
-
 def run(args: argparse.Namespace) -> int:
     if (args.write_golden or args.check_golden) and not args.list:
-        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+        require_identity()  # refused before torch and Megatron Core are imported (below)
+    # Measured start-up cost: harness.probe / harness.models / harness.golden.probe import torch and
+    # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
+    # revision's refusal never pay.
+    from harness.golden.probe import golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, style_model
-
-    if args.list:
-        for style in STYLE_MODELS.values():
-            print(f"{style.name:<16} {style.description}")
-        return EXIT_OK
-    names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
-    if not 0 < args.hang_timeout <= 600:
-        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
-    sizes = _sizes(args)
-
-    from harness.probe.plan import parse_label_sets
-
-    label_sets = parse_label_sets(args.modules) if args.modules else None
-
+    from harness.probe.axes import coverage
     from harness.probe.runner import probe_models
     from harness.probe.table import (
         attribution_table,
@@ -141,6 +115,17 @@ def run(args: argparse.Namespace) -> int:
         unmeasured_table,
     )
 
+    if (args.write_golden or args.check_golden) and not args.list:
+        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+    if args.list:
+        for style in STYLE_MODELS.values():
+            print(f"{style.name:<16} {style.description}")
+        return EXIT_OK
+    names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
+    if not 0 < args.hang_timeout <= 600:
+        raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
+    sizes = _sizes(args)
+    label_sets = parse_label_sets(args.modules) if args.modules else None
     probes = [
         probe
         for precision in dict.fromkeys(args.precision)
@@ -154,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
         )
     ]
     if args.coverage:
-        from harness.probe.axes import coverage
-
         found = coverage(probes)
         print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")
         unmeasured = "" if args.json else unmeasured_table(probes)
@@ -182,39 +165,3 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(lines))
         exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
     return exit_code
-
-
-def golden_step(
-    probes: list, *, write: bool, golden_dir: Path | None = None
-) -> tuple[list[str], list[str], bool]:
-    """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
-
-    Returns (report lines, paths written, whether any golden differed). The diff against the golden
-    being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
-    """
-    from harness.probe.golden import check_probe_golden, refresh_command, write_probe_golden
-
-    lines: list[str] = []
-    written_paths: list[str] = []
-    differs = False
-    for probe in probes:
-        path, problems = check_probe_golden(probe, golden_dir)
-        differs = differs or bool(problems)
-        if write:
-            path, written = write_probe_golden(probe, golden_dir)
-            lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
-            written_paths += [str(path)] if written else []
-        else:
-            lines.append(
-                f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
-            )
-            problems += (
-                [
-                    "if the change is intended, refresh with: "
-                    + refresh_command(probe.attention_backend)
-                ]
-                if problems
-                else []
-            )
-        lines += [f"  {problem}" for problem in problems]
-    return lines, written_paths, differs

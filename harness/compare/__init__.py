@@ -1,1 +1,1 @@
-"""Comparison of run records: against goldens (comparator), against the [] control (analysis), selection."""
+"""Run records against the [] control: the analysis, and selection (against goldens: ``harness.golden.judge``)."""

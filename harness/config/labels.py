@@ -7,7 +7,7 @@ it gives a made-up sentinel label (with the name substituted), so the verdict do
 wording of that message, on how the allowed set is stored, or on other rules a label triggers
 (``moe_act`` without grouped GEMM is rejected, but not as unknown).
 
-A label manifest per source fingerprint (``harness.record.label_manifest``) pins the set.
+A label manifest per source fingerprint (``harness.golden.labels``) pins the set.
 """
 
 from __future__ import annotations

@@ -441,14 +441,3 @@ def estimate(
         "date": now_iso(),
     }
     return result
-
-
-def golden_path(estimate: Estimate, root: Path | None = None) -> Path:
-    """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``."""
-    from harness.record.golden_dir import estimate_dir, golden_root
-
-    core = estimate.revisions.get("megatron_core") or {}
-    return estimate_dir(golden_root(root)) / (
-        f"{estimate.recipe}__{estimate.attention_backend}__"
-        f"mcore-{core.get('version')}-{core.get('fingerprint')}.json"
-    )

@@ -15,18 +15,19 @@ from __future__ import annotations
 
 import ast
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import rules as rules_module
-from harness.config.revisions import fingerprint_sources, megatron_core_root
+from harness.config.revisions import collect_revisions, fingerprint_sources, megatron_core_root
 from harness.config.rules import RULES, UNCLASSIFIED
 from harness.config.validate import config_classes, config_defaults
 from harness.matrix import space as space_module
 from harness.matrix.check import Disagreement, compare, minimize
 from harness.matrix.oracle import Oracle
-from harness.matrix.space import DIMENSIONS, Scenario
+from harness.matrix.space import DIMENSIONS, Scenario, sample_scenarios
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +47,8 @@ RULES_FILE = _project_path(rules_module)
 SPACE_FILE = _project_path(space_module)
 
 
+# Configurations ``matrix --check`` (and ``bump``) sample by default.
+DEFAULT_CHECK_COUNT = 20_000
 _PLACEHOLDER = "\0"  # stands for an f-string's ``{expression}`` in a source template
 
 
@@ -240,3 +243,46 @@ def grouped_disagreements(scenarios: list[Scenario], oracle: Oracle) -> list[Cau
             causes.setdefault(minimised_cause[raw], Cause(minimised_cause[raw], minimal))
         causes[minimised_cause[raw]].count += 1
     return list(causes.values())
+
+
+def drift_report(
+    count: int = DEFAULT_CHECK_COUNT, seed: int = 0
+) -> tuple[list[str], bool, dict[str, object]]:
+    """The ``matrix --check`` report as lines, whether it found drift, and the same as JSON-ready data
+    (``matrix --check`` and ``bump`` print it)."""
+    oracle = Oracle()
+    scenarios = sample_scenarios(count, oracle.labels, seed=seed)
+    started = time.perf_counter()
+    causes = grouped_disagreements(scenarios, oracle)
+    dead = dead_rules()
+    unruled = labels_without_rules(oracle.labels)
+    elapsed = time.perf_counter() - started
+    mcore = collect_revisions()["megatron_core"]
+    total = sum(cause.count for cause in causes)
+    summary = {
+        "checked": len(scenarios),
+        "seed": seed,
+        "megatron_core": mcore,
+        "elapsed_s": round(elapsed, 3),
+        "disagreements": total,
+        "causes": [cause.report() for cause in causes],
+        "dead_rules": [rule.report() for rule in dead],
+        "labels_without_rules": list(unruled),
+    }
+    lines = [
+        (
+            f"checked {len(scenarios)} configurations against megatron-core {mcore['version']} "
+            f"(fingerprint {mcore['fingerprint']}) in {elapsed:.1f}s: {total} disagreements "
+            f"({len(causes)} causes), {len(dead)} rules that can no longer fire, {len(unruled)} labels no rule names"
+        )
+    ]
+    if dead:
+        lines.append("rules that can no longer fire on this revision:")
+        lines += [f"  {rule.report()}" for rule in dead]
+    if unruled:
+        lines.append(
+            f"labels the validator accepts that no rule names: {', '.join(unruled)} (add the rules MCore "
+            f"enforces for them to {RULES_FILE}; the probe lists labels no style model exercises)"
+        )
+    lines += [f"cause {number}: {cause.report()}" for number, cause in enumerate(causes, 1)]
+    return lines, bool(causes or dead or unruled), summary

@@ -1,1 +1,2 @@
-"""Run records (schema, strict loading, atomic writing, constructors), goldens and the seed studies."""
+"""Run records: the metric registry, the typed record, its schema, constructors, strict loading and atomic writing
+(goldens: ``harness.golden``)."""

@@ -7,8 +7,9 @@ from dataclasses import asdict
 from typing import Any
 
 from harness.compare.analysis import Analysis
-from harness.compare.comparator import Comparison
 from harness.compare.selection import Selection
+from harness.config.rules import RULES, Rule
+from harness.golden.judge import Comparison
 
 
 def comparison_json(comparison: Comparison) -> dict[str, Any]:
@@ -34,3 +35,20 @@ def selection_json(selection: Selection) -> dict[str, Any]:
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, allow_nan=False)
+
+
+def _rule_json(rule: Rule) -> dict[str, object]:
+    return {
+        "id": rule.id,
+        "reads": list(rule.reads),
+        "condition": rule.condition,
+        "outcome": str(rule.outcome),
+        "enforced_in": rule.enforced_in,
+        "source": rule.source,
+        "differential": bool(rule.differential),
+    }
+
+
+def matrix_json() -> list[dict[str, object]]:
+    """Every rule as JSON (``matrix --json``)."""
+    return [_rule_json(rule) for rule in RULES]

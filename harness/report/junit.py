@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.compare.comparator import Comparison
+from harness.golden.judge import Comparison
 from harness.report.markdown import format_value
 
 

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from harness.compare.analysis import GB, Analysis
-from harness.compare.comparator import Comparison
 from harness.compare.selection import Selection
+from harness.config.rules import RULES, VALIDATOR
 from harness.errors import UsageError
+from harness.golden.judge import Comparison
 from harness.record.metrics import unit_of
 
 
@@ -148,4 +149,32 @@ def refresh_markdown(
     heading = "Golden refresh (dry run: nothing written)" if dry_run else "Golden refresh"
     return f"### {heading}: `{path}`\n\n{base}\n\n" + table(
         ("row", "metric", "old", "new", "Δ%"), rows
+    )
+
+
+def matrix_markdown() -> str:
+    """Every rule as one row of a markdown table (``matrix``)."""
+    rows = []
+    for rule in RULES:
+        reads = ", ".join(f"`{field}`" for field in rule.reads)
+        checked = (
+            "yes"
+            if rule.differential
+            else "no (unit tests)"
+            if rule.enforced_in == VALIDATOR
+            else "no"
+        )
+        rows.append(
+            (
+                f"`{rule.id}`",
+                reads,
+                rule.condition,
+                rule.outcome,
+                rule.enforced_in,
+                rule.source,
+                checked,
+            )
+        )
+    return table(
+        ("id", "reads", "condition", "outcome", "enforced in", "source", "differential"), rows
     )

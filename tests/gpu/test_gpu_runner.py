@@ -90,10 +90,10 @@ def test_bridge_short_recipes(tmp_path, recipe_name, needs):
 
 def test_moonlight_seed_study_matches_its_golden(tmp_path):
     require(gpus=8, sm="9.0", te=True, bridge=True)
-    from harness.compare.comparator import compare_records
     from harness.config.revisions import collect_revisions
-    from harness.record.golden import pins_differences
-    from harness.record.golden_dir import golden_root, goldens_of
+    from harness.golden.format import pins_differences
+    from harness.golden.judge import compare_records
+    from harness.golden.store import golden_root, goldens_of
     from harness.record.model import Revisions
 
     # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold

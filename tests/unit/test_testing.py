@@ -7,7 +7,7 @@ import copy
 import pytest
 from record_samples import REVISIONS, refresh, run_record
 
-from harness.record.seed import RECORDS_DIR
+from harness.golden.seed import RECORDS_DIR
 from harness.testing import check_against_golden
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.cli import main
 from harness.config.labels import accepted_labels
 from harness.config.validate import validate
-from harness.record.label_manifest import manifest_problem
+from harness.golden.labels import manifest_problem
 
 
 def test_every_discovered_label_passes_the_unknown_label_rule():

@@ -24,7 +24,7 @@ from harness.config.revisions import (
     source_fingerprint,
     vcs_commit,
 )
-from harness.record.golden_dir import golden_root, labels_dir
+from harness.golden.store import golden_root, labels_dir
 
 
 def test_revisions_block_has_the_record_shape():

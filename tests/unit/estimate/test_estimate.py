@@ -17,7 +17,7 @@ from harness.estimate.anchors import GPT_ANCHOR, korthikanti_layer_bytes, megatr
 from harness.estimate.fit import extrapolate, quadratic_coefficient
 from harness.estimate.layers import build_layer, measure_layer
 from harness.estimate.model import DENSE, Architecture
-from harness.record.golden_dir import estimate_dir, golden_path_for, golden_root
+from harness.golden.store import estimate_dir, golden_path_for, golden_root
 
 GOLDEN_ESTIMATE = sorted(estimate_dir(golden_root()).glob("moonlight-full-8gpu__fused__*.json"))
 SEED_MOONLIGHT = (
@@ -235,7 +235,7 @@ def test_probe_fused_backend_records_and_names_its_golden(parallel_state):
     core_attn frees only what fused attention keeps beyond its inputs: the fp32 log-sum-exp, per
     layer, less a 4-byte scalar per checkpoint, less the causal mask (s² bool), which the checkpoints
     keep as an input (one storage shared by every layer) and fused attention never reads."""
-    from harness.probe.golden import probe_records
+    from harness.golden.probe import probe_records
     from harness.probe.runner import probe_models
 
     (probe,) = probe_models(

@@ -6,10 +6,9 @@ import pytest
 import torch
 
 from harness.config.fields import RecomputeFields
-from harness.probe.golden import check_probe_golden, probe_records, recipe_name
+from harness.golden.probe import check_probe_golden, probe_records, recipe_name
+from harness.golden.store import existing, golden_path_for, golden_root, load_golden
 from harness.probe.runner import DTYPES, _build, probe_models
-from harness.record.golden import load_golden
-from harness.record.golden_dir import existing, golden_path_for, golden_root
 
 # Moonlight's recipe trains in bf16; its style model has MLA, MoE and a dense layer (~6 s).
 pytestmark = pytest.mark.slow

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from harness.golden.probe import check_probe_golden, probe_records, write_probe_golden
+from harness.golden.store import golden_filename
 from harness.models import STYLE_MODELS
 from harness.probe.coverage import describe_unmeasured
-from harness.probe.golden import check_probe_golden, probe_records, write_probe_golden
 from harness.probe.runner import probe_models
 from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
-from harness.record.golden import golden_filename
 
 # Every test here reads one probe of every style model (~13 s, a module fixture).
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from record_samples import run_record
 
 from harness.errors import UsageError
-from harness.record.golden import validate_golden
-from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.golden.format import validate_golden
+from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
 from harness.record.io import load_records, parse_json
 from harness.record.schema import validate_record
 

@@ -6,7 +6,7 @@ import pytest
 from record_samples import run_json, run_record
 
 from harness.errors import UsageError
-from harness.record.golden import golden_from_records
+from harness.golden.format import golden_from_records
 from harness.record.metrics import (
     EFFECT_METRICS,
     METRICS,

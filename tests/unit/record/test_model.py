@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 from record_samples import run_record
 
-from harness.record.golden import load_golden
-from harness.record.golden_dir import CHECKOUT_ROOT
+from harness.golden.seed import RECORDS_DIR
+from harness.golden.store import CHECKOUT_ROOT, load_golden
 from harness.record.io import load_records, read_json
 from harness.record.model import Record
-from harness.record.seed import RECORDS_DIR
 
 V1_RECORD_FILES = sorted(RECORDS_DIR.glob("seed-*.json"))
 V1_GOLDENS = sorted(CHECKOUT_ROOT.rglob("*.json"))

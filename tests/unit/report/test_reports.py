@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from harness.cli import main
-from harness.record.seed import RECORDS_DIR
+from harness.golden.seed import RECORDS_DIR
 
 MOONLIGHT = str(RECORDS_DIR / "seed-moonlight-full-8gpu.json")
 NEMOTRON = str(RECORDS_DIR / "seed-nemotron-3-nano-full-16gpu.json")
@@ -71,7 +71,7 @@ def test_golden_check_properties_land_in_junit_xml(tmp_path):
     import sys
     import xml.etree.ElementTree as ET
 
-    from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
+    from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
 
     test_file = tmp_path / "test_seed_golden.py"
     test_file.write_text(

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import golden_from_records
+from harness.golden.format import golden_from_records
+from harness.golden.judge import compare_records
 from harness.record.schema import validate_record
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, classify

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from harness.compare.analysis import analyse
-from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import golden_from_records
+from harness.golden.format import golden_from_records
+from harness.golden.judge import compare_records
 from harness.record.io import load_records
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep

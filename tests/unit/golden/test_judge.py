@@ -3,33 +3,79 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
+import yaml
 from record_samples import REVISIONS, refresh, run_json, run_record, write_records
 
 from harness.cli import main
-from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import golden_values as golden_values_of
-from harness.record.golden import load_golden, validate_golden
-from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
-from harness.record.io import load_records
+from harness.golden.format import golden_values as golden_values_of
+from harness.golden.format import validate_golden
+from harness.golden.judge import compare_records
+from harness.golden.seed import DEFAULT_CARD, RECORDS_DIR, load_sources, transcribe
+from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.golden.store import golden_filename_for, load_golden
 from harness.record.model import Record
-from harness.record.seed import PROVENANCE_SOURCE, RECORDS_DIR
 
 
-def test_seed_goldens_are_valid_and_match_their_records():
-    # Seed goldens are the ones transcribed from the card (their provenance says so); goldens a refresh
-    # wrote from real runs live beside them and are checked by the GPU tier.
-    seeds = [
-        (path, golden)
-        for path in GOLDEN_DIR.glob("*.json")
-        if (golden := load_golden(path)).provenance["source"] == PROVENANCE_SOURCE
+def _card_records(card: Path) -> dict[str, list[Record]]:
+    """The card's studies as records, through the seed transcription (pins from mcore-sources.json)."""
+    return transcribe(card, load_sources(RECORDS_DIR))
+
+
+def _committed_golden(records: list[Record]):
+    path = GOLDEN_DIR / golden_filename_for(records[0])
+    return load_golden(path), str(path)
+
+
+def test_the_cards_numbers_as_written_pass_the_committed_goldens():
+    # The goldens on disk were written by an earlier transcription and committed; here the card is read
+    # afresh. Both studies with a committed golden (the Llama study's revisions have none) pass, and
+    # every row of each golden is judged.
+    studies = _card_records(DEFAULT_CARD)
+    for recipe in ("moonlight-full-8gpu", "nemotron-3-nano-full-16gpu"):
+        golden, path = _committed_golden(studies[recipe])
+        comparison = compare_records(golden, studies[recipe], path)
+        assert comparison.passed, comparison.failures
+        assert {check.label for check in comparison.checks} == {row.label for row in golden.rows}
+
+
+def test_a_card_copy_with_two_numbers_changed_fails_exactly_there(tmp_path):
+    card = yaml.safe_load(DEFAULT_CARD.read_text(encoding="utf-8"))
+    moonlight = {row["name"]: row for row in card["measured_results"][0]["experiments"]}
+    moonlight["core_attn"]["peak_mem_gb"] = 35.614  # card: 36.614 (a 1 GB larger saving)
+    moonlight["mla_up_proj"]["step_time_ms"] = 520.0  # card: 480.89
+    mutated = tmp_path / "card.yaml"
+    mutated.write_text(yaml.safe_dump(card), encoding="utf-8")
+    records = _card_records(mutated)["moonlight-full-8gpu"]
+    golden, path = _committed_golden(records)
+    failures = sorted(
+        (c.label, c.metric, c.golden, c.actual, c.verdict)
+        for c in compare_records(golden, records, path).failures
+    )
+    grew = "FAIL: saving grew beyond tolerance, refresh the golden"
+    assert failures == [
+        # control 36.618 GB: the saving was 36.618 - 36.614 = 0.004 GB, now 1.004 GB
+        ("core_attn", "saving_allocated_bytes", 4_000_000, 1_004_000_000, grew),
+        # 0.004 / 36.618 = 0.0109 %, now 1.004 / 36.618 = 2.742 %
+        (
+            "core_attn",
+            "saving_allocated_pct",
+            pytest.approx(0.010924, abs=1e-6),
+            pytest.approx(2.741821, abs=1e-6),
+            grew,
+        ),
+        # control 457.18 ms: (480.89 - 457.18) / 457.18 = 5.186 %, now (520 - 457.18) / 457.18 = 13.741 %
+        (
+            "mla_up_proj",
+            "step_time_cost_pct",
+            pytest.approx(5.186141, abs=1e-6),
+            pytest.approx(13.740759, abs=1e-6),
+            "FAIL: cost grew beyond tolerance",
+        ),
     ]
-    assert seeds, f"no seed golden in {GOLDEN_DIR}"
-    for path, loaded in seeds:
-        seed = RECORDS_DIR / f"seed-{loaded.recipe}.json"
-        assert main(["compare", "--golden", str(path), str(seed)]) == 0
 
 
 def test_refresh_then_compare_passes_then_regression_and_improvement_fail(tmp_path, capsys):
@@ -230,14 +276,6 @@ def test_peak_scope_is_part_of_the_identity(tmp_path):
     reference["metrics"]["headline"]["peak_scope"] = "all-ranks"
     with pytest.raises(UsageError, match="cannot give the 'dp-rank0' peak"):
         golden_values_of(Record.from_json(reference), "dp-rank0")
-
-
-def test_the_cards_own_rows_pass_their_re_transcribed_goldens():
-    for golden in GOLDEN_DIR.glob("*.json"):
-        loaded = load_golden(golden)
-        assert loaded.judges_effects and loaded.peak_scope in ("rank0", "dp-rank0")
-        records = load_records([RECORDS_DIR / f"seed-{loaded.recipe}.json"])
-        assert compare_records(loaded, records, str(golden)).passed
 
 
 def test_a_golden_pinned_by_commit_and_sources_matches_either(tmp_path, capsys):

@@ -1,6 +1,7 @@
-"""Probe rows as ``cpu-probe`` run records, and the CPU goldens they are compared with exactly.
+"""Probe rows as ``cpu-probe`` run records, and the CPU goldens they are compared with exactly: one
+probe pass checks (and writes) every model's golden (``golden_step``).
 
-One golden per style model per revision pin, under the golden root's cpu/ (``harness.record.golden_dir``),
+One golden per style model per revision pin, under the golden root's cpu/ (``harness.golden.store``),
 written only from a real probe
 run. Rejected and hung rows carry no measurements, so they are not golden rows (the validator's
 verdicts are pinned by the compatibility matrix; the deadlock by its own unit test).
@@ -13,9 +14,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.compare.comparator import Comparison, compare_records
+from harness.cpu.adapter import require_supported_revision
 from harness.cpu.attention import RECORD_NAMES
 from harness.errors import UsageError
+from harness.files import require_writable_dir
+from harness.golden.format import Golden, golden_from_records
+from harness.golden.judge import Comparison, compare_records
+from harness.golden.store import (
+    directory_for,
+    existing,
+    golden_path_for,
+    golden_root,
+    load_golden,
+    newest_like,
+    writable,
+    write_golden,
+)
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import Equivalence
@@ -27,8 +41,6 @@ from harness.record.build import (
     parallelism,
     workload,
 )
-from harness.record.golden import Golden, golden_from_records, load_golden, write_golden
-from harness.record.golden_dir import existing, golden_path_for, golden_root, newest_like, writable
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
@@ -200,3 +212,46 @@ def _changed_values(comparison: Comparison) -> list[str]:
         f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
         for check in comparison.failures
     ]
+
+
+def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> None:
+    """Before anything is probed (the caller has already refused an MCore without an identity:
+    ``harness.config.revisions.require_identity``, before importing this module and with it torch):
+    a drifted adapter or (to write) a golden directory that cannot be written is one line and exit 2."""
+    if write:
+        require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
+    require_supported_revision("write CPU goldens" if write else "judge CPU goldens")
+
+
+def golden_step(
+    probes: list[ModelProbe], *, write: bool, golden_dir: Path | None = None
+) -> tuple[list[str], list[str], bool]:
+    """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
+
+    Returns (report lines, paths written, whether any golden differed). The diff against the golden
+    being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
+    """
+    lines: list[str] = []
+    written_paths: list[str] = []
+    differs = False
+    for probe in probes:
+        path, problems = check_probe_golden(probe, golden_dir)
+        differs = differs or bool(problems)
+        if write:
+            path, written = write_probe_golden(probe, golden_dir)
+            lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
+            written_paths += [str(path)] if written else []
+        else:
+            lines.append(
+                f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
+            )
+            problems += (
+                [
+                    "if the change is intended, refresh with: "
+                    + refresh_command(probe.attention_backend)
+                ]
+                if problems
+                else []
+            )
+        lines += [f"  {problem}" for problem in problems]
+    return lines, written_paths, differs

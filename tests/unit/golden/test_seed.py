@@ -15,11 +15,7 @@ from harness.compare.analysis import analyse
 from harness.compare.selection import select
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
-from harness.record.golden import load_golden
-from harness.record.golden_dir import CHECKOUT_ROOT as GOLDEN_DIR
-from harness.record.golden_dir import near_misses, resolve_golden
-from harness.record.io import load_records
-from harness.record.seed import (
+from harness.golden.seed import (
     DEFAULT_CARD,
     PROVENANCE_SOURCE,
     RECORDS_DIR,
@@ -27,7 +23,10 @@ from harness.record.seed import (
     load_sources,
     write_seed,
 )
-from harness.record.seed import main as seed_main
+from harness.golden.seed import main as seed_main
+from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
+from harness.golden.store import load_golden, near_misses, resolve_golden
+from harness.record.io import load_records
 
 CARD = yaml.safe_load(DEFAULT_CARD.read_text())
 STUDIES = {study["model"]: study for study in CARD["measured_results"]}
@@ -45,7 +44,7 @@ def test_committed_seed_files_are_exactly_what_the_transcription_writes(tmp_path
     for path in written:
         committed = (RECORDS_DIR if path.parent.name == "records" else GOLDEN_DIR) / path.name
         assert committed.read_text() == path.read_text(), (
-            f"{committed} is stale: run python -m harness.record.seed"
+            f"{committed} is stale: run python -m harness.golden.seed"
         )
     assert (
         len(written) == 5

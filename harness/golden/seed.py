@@ -1,6 +1,6 @@
 """Transcribe the skill card's ``measured_results`` into reference records and goldens.
 
-    python -m harness.record.seed [--card harness/data/reference/card.yaml] [--mcore-tree MEGATRON_LM_CHECKOUT]
+    python -m harness.golden.seed [--card harness/data/reference/card.yaml] [--mcore-tree MEGATRON_LM_CHECKOUT]
 
 Every number comes from the card; this module only maps the card's field names onto the run record.
 The card pins Megatron Core by commit only. ``--mcore-tree`` (a clean git work tree at a card commit)
@@ -27,9 +27,9 @@ from harness.config.fields import RecomputeFields
 from harness.config.revisions import tree_identity
 from harness.errors import EXIT_USAGE, UsageError
 from harness.files import write_json_atomic
+from harness.golden.format import golden_from_records
+from harness.golden.store import golden_path_for, golden_root, writable, write_golden
 from harness.record.build import new_record, outcome, parallelism, workload
-from harness.record.golden import golden_from_records, write_golden
-from harness.record.golden_dir import golden_path_for, golden_root, writable
 from harness.record.io import read_json
 from harness.record.model import Hardware, Headline, Outcome, Record, RunMetrics, SteadyWindow
 
@@ -89,7 +89,7 @@ def _outcome(row: dict[str, Any], study: dict[str, Any]) -> Outcome:
     if status == "perf_regression":  # it measured steady throughput, so the run completed
         return outcome("completed", message=message)
     raise UsageError(
-        f"card row {row['name']!r}: unknown status {status!r}; teach harness/record/seed.py its meaning"
+        f"card row {row['name']!r}: unknown status {status!r}; teach harness/golden/seed.py its meaning"
     )
 
 
@@ -170,7 +170,7 @@ def derive_sources(
         {
             "schema": SOURCES_SCHEMA,
             "schema_version": 1,
-            "derived_by": "python -m harness.record.seed --mcore-tree CHECKOUT (harness.config.revisions.tree_identity)",
+            "derived_by": "python -m harness.golden.seed --mcore-tree CHECKOUT (harness.config.revisions.tree_identity)",
             "sources": dict(sorted(sources.items())),
         },
     )
@@ -207,7 +207,7 @@ def transcribe_study(
     recipe = STUDY_RECIPES.get(study["model"])
     if recipe is None:
         raise UsageError(
-            f"card study {study['model']!r} has no recipe name in harness/record/seed.py STUDY_RECIPES"
+            f"card study {study['model']!r} has no recipe name in harness/golden/seed.py STUDY_RECIPES"
         )
     extra = {key: str(study[key]).strip() for key in _WORKLOAD_EXTRA if key in study}
     notes = study.get("comparison_limitations")
@@ -290,7 +290,7 @@ def write_seed(
             records,
             provenance={
                 "source": PROVENANCE_SOURCE,
-                "command": "python -m harness.record.seed",
+                "command": "python -m harness.golden.seed",
                 "host": None,
                 "date": first.created,
                 "gpu": f"{first.hardware.gpu_count}x {first.hardware.device}",
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             args.card.resolve(), args.records_dir, args.golden_dir, args.mcore_tree
         )
     except UsageError as exc:
-        print(f"harness.record.seed: error: {exc}", file=sys.stderr)
+        print(f"harness.golden.seed: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     for path in written:
         print(path)

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.golden.format import Golden, golden_values, identity_differences
+from harness.golden.store import near_misses
 from harness.record.effects import matched_control
-from harness.record.golden import Golden, golden_values, identity_differences
-from harness.record.golden_dir import near_misses
 from harness.record.metrics import (
     EFFECT_METRICS,
     MATERIAL_COST_PCT,

@@ -1,4 +1,5 @@
-"""Where goldens live, and which golden a set of records is judged by.
+"""Where goldens live, what each file is named, which golden a set of records is judged by, and
+reading and writing them (strict, atomic).
 
 One root holds every kind of golden: run and reference goldens at the top, CPU-probe goldens under
 ``cpu/``, label manifests under ``labels/``, CPU estimates of GPU recipes under ``estimate/``. The root
@@ -14,20 +15,19 @@ site-packages; name a directory with ``--golden-dir`` or the environment variabl
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.record.golden import (
-    Golden,
-    golden_filename_for,
-    identity_differences,
-    load_golden,
-    recipe_slug,
-)
+from harness.files import write_json_atomic
+from harness.golden.format import Golden, identity_differences, validate_golden
+from harness.record.io import load_records, read_json
 from harness.record.model import Record
 
 ENV_VAR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
@@ -78,12 +78,86 @@ def directory_for(kind: str, root: Path) -> Path:
     return root / CPU_SUBDIR if kind == "cpu-probe" else root
 
 
+def root_of(golden_file: Path) -> Path:
+    """The golden root a golden file lives in: its directory, or that directory's parent when it is
+    the subdirectory of the file's kind (``cpu/`` for CPU-probe goldens)."""
+    directory = Path(golden_file).parent
+    kind = load_golden(golden_file).kind
+    return directory.parent if directory_for(kind, directory.parent) == directory else directory
+
+
 def labels_dir(root: Path) -> Path:
     return root / LABELS_SUBDIR
 
 
 def estimate_dir(root: Path) -> Path:
     return root / ESTIMATE_SUBDIR
+
+
+def pin_slug(pins: dict[str, Any]) -> str:
+    """``mcore-<commit12>`` or ``mcore-<version>-<fingerprint>``, ``bridge-<commit12|version>``, ``stack-<digest>``."""
+    mcore = pins["megatron_core"] or {}
+    parts = [
+        f"mcore-{mcore['commit'][:12]}"
+        if mcore.get("commit")
+        else f"mcore-{mcore.get('version')}-{mcore.get('fingerprint')}"
+    ]
+    bridge = pins["megatron_bridge"]
+    if bridge:
+        parts.append(
+            f"bridge-{bridge['commit'][:12]}"
+            if bridge.get("commit")
+            else f"bridge-{bridge.get('version')}"
+        )
+    stack = [pins[key] for key in ("torch", "transformer_engine", "cuda")]
+    if any(stack):  # torch / TE / CUDA are pins too: a new stack gets its own file
+        parts.append("stack-" + hashlib.sha256(json.dumps(stack).encode()).hexdigest()[:8])
+    return "__".join(parts)
+
+
+def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
+    """The part of a golden's file name every revision of one recipe × hardware shares."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)
+    return f"{slug}__{hardware['device']}x{hardware['gpu_count']}"
+
+
+def file_name(*parts: str) -> str:
+    """The one naming scheme of every golden kind: what it is of, what it ran on, then its pins,
+    joined by ``__`` (a label manifest is of a fingerprint alone)."""
+    return "__".join(parts) + ".json"
+
+
+def golden_filename(recipe: str, hardware: dict[str, Any], pins: dict[str, Any]) -> str:
+    return file_name(recipe_slug(recipe, hardware), pin_slug(pins))
+
+
+def golden_filename_for(record: Record) -> str:
+    return golden_filename(record.workload.recipe, record.hardware.profile(), record.pins())
+
+
+def estimate_golden_path(
+    recipe: str, attention_backend: str, megatron_core: dict[str, Any], root: Path | None = None
+) -> Path:
+    """``<golden root>/estimate/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``: an
+    estimate measures the recompute sources, so its pins are MCore's version and fingerprint only."""
+    version, fingerprint = megatron_core.get("version"), megatron_core.get("fingerprint")
+    return estimate_dir(golden_root(root)) / file_name(
+        recipe, attention_backend, f"mcore-{version}-{fingerprint}"
+    )
+
+
+def label_manifest_path(fingerprint: str, root: Path | None = None) -> Path:
+    """``<golden root>/labels/<fingerprint>.json``."""
+    return labels_dir(golden_root(root)) / file_name(fingerprint)
+
+
+def load_golden(path: Path) -> Golden:
+    return Golden.from_json(read_json(Path(path)), str(path))
+
+
+def write_golden(path: Path, golden: Golden) -> None:
+    data = golden.to_json()
+    write_json_atomic(Path(path), validate_golden(data, str(path)))
 
 
 def golden_path_for(records: Sequence[Record], root: Path) -> Path:
@@ -167,8 +241,6 @@ def newest_like(target: Path) -> tuple[Path, Golden] | None:
 
 
 if __name__ == "__main__":
-    # ``python -m harness.record.golden_dir RECORDS``: the golden a sweep's records are judged by
+    # ``python -m harness.golden.store RECORDS``: the golden a sweep's records are judged by
     # (ci/nightly-gpu.sh); the root follows $RECOMPUTE_HARNESS_GOLDEN_DIR like every command.
-    from harness.record.io import load_records
-
     print(resolve_golden(load_records([sys.argv[1]]), golden_root()))

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.golden.format import Golden, golden_from_records
+from harness.golden.store import golden_path_for, newest_like, write_golden
 from harness.record.build import now_iso
-from harness.record.golden import Golden, golden_from_records, write_golden
-from harness.record.golden_dir import golden_path_for, newest_like
 from harness.record.model import Record
 
 REFRESH_SOURCE = "recompute-harness golden refresh"
@@ -113,7 +113,7 @@ def plan_refresh(
     for record in records:
         if record.kind == "reference":
             raise UsageError(
-                f"{record.id}: reference records are transcribed (python -m harness.record.seed), not refreshed"
+                f"{record.id}: reference records are transcribed (python -m harness.golden.seed), not refreshed"
             )
         if record.kind == "run" and record.hardware.device == "cpu":
             # CPU step times and peaks vary run to run far beyond a timing golden's tolerance; the

@@ -1,4 +1,4 @@
-"""Golden files: one per recipe × hardware × revision pin (where they live: ``harness.record.golden_dir``).
+"""Golden files: one per recipe × hardware × revision pin (where they live: ``harness.golden.store``).
 
 A golden holds, per recompute row, the headline values of a record set, the tolerance policy each
 metric is judged by, the revision pins the values are valid for, and where the numbers came from. It
@@ -8,19 +8,14 @@ never enter one (the strict loader and writer refuse them).
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
-from harness.files import write_json_atomic
 from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
-from harness.record.io import read_json
 from harness.record.metrics import (
     EFFECT_METRICS,
     METRICS,
@@ -169,27 +164,6 @@ def workload_identity(record: Record) -> dict[str, str | None] | None:
     }
 
 
-def pin_slug(pins: dict[str, Any]) -> str:
-    """``mcore-<commit12>`` or ``mcore-<version>-<fingerprint>``, ``bridge-<commit12|version>``, ``stack-<digest>``."""
-    mcore = pins["megatron_core"] or {}
-    parts = [
-        f"mcore-{mcore['commit'][:12]}"
-        if mcore.get("commit")
-        else f"mcore-{mcore.get('version')}-{mcore.get('fingerprint')}"
-    ]
-    bridge = pins["megatron_bridge"]
-    if bridge:
-        parts.append(
-            f"bridge-{bridge['commit'][:12]}"
-            if bridge.get("commit")
-            else f"bridge-{bridge.get('version')}"
-        )
-    stack = [pins[key] for key in ("torch", "transformer_engine", "cuda")]
-    if any(stack):  # torch / TE / CUDA are pins too: a new stack gets its own file
-        parts.append("stack-" + hashlib.sha256(json.dumps(stack).encode()).hexdigest()[:8])
-    return "__".join(parts)
-
-
 def pin_differences(key: str, pinned: Any, actual: Any) -> list[str]:
     """Where ``actual`` differs from one pin a golden states (null parts are not compared).
 
@@ -242,20 +216,6 @@ def pins_differences(golden: Golden, pins: dict[str, Any]) -> list[str]:
         for key, pinned in golden.pins.items()
         for difference in pin_differences(key, pinned, pins.get(key))
     ]
-
-
-def recipe_slug(recipe: str, hardware: dict[str, Any]) -> str:
-    """The part of a golden's file name every revision of one recipe × hardware shares."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", recipe)
-    return f"{slug}__{hardware['device']}x{hardware['gpu_count']}"
-
-
-def golden_filename(recipe: str, hardware: dict[str, Any], pins: dict[str, Any]) -> str:
-    return f"{recipe_slug(recipe, hardware)}__{pin_slug(pins)}.json"
-
-
-def golden_filename_for(record: Record) -> str:
-    return golden_filename(record.workload.recipe, record.hardware.profile(), record.pins())
 
 
 def golden_from_records(
@@ -500,12 +460,3 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
 def _is_control_row(row: dict[str, Any]) -> bool:
     recompute = row.get("recompute")
     return isinstance(recompute, dict) and RecomputeFields.from_dict(recompute).is_control
-
-
-def load_golden(path: Path) -> Golden:
-    return Golden.from_json(read_json(Path(path)), str(path))
-
-
-def write_golden(path: Path, golden: Golden) -> None:
-    data = golden.to_json()
-    write_json_atomic(Path(path), validate_golden(data, str(path)))

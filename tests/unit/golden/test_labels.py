@@ -7,7 +7,7 @@ import json
 import pytest
 
 from harness.errors import UsageError
-from harness.record.label_manifest import REFRESH_COMMAND, manifest_problem, write_manifest
+from harness.golden.labels import REFRESH_COMMAND, manifest_problem, write_manifest
 
 
 def test_labels_match_the_manifest_pinned_for_this_megatron_core():

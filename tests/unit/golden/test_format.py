@@ -8,9 +8,10 @@ import json
 import pytest
 from record_samples import PROVENANCE, REVISIONS, refresh, run_record
 
-from harness.compare.comparator import compare_records
 from harness.errors import UsageError
-from harness.record.golden import golden_from_records, load_golden, validate_golden
+from harness.golden.format import golden_from_records, validate_golden
+from harness.golden.judge import compare_records
+from harness.golden.store import load_golden
 from harness.testing import check_against_golden
 
 

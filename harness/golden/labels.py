@@ -1,6 +1,6 @@
 """Label manifests: the recompute labels a Megatron Core source fingerprint accepts, pinned as a golden.
 
-One file per fingerprint under the golden root's ``labels/`` (``harness.record.golden_dir``), written
+One file per fingerprint under the golden root's ``labels/`` (``harness.golden.store``), written
 only from the installed validator (``harness.config.labels.accepted_labels``).
 """
 
@@ -15,14 +15,10 @@ from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions, require_identity
 from harness.errors import UsageError
 from harness.files import require_writable_dir, write_json_atomic
-from harness.record.golden_dir import existing, golden_root, labels_dir, writable
+from harness.golden.store import existing, golden_root, label_manifest_path, labels_dir, writable
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
 REFRESH_COMMAND = "./venv-run recompute-harness labels --write-manifest"
-
-
-def manifest_path(fingerprint: str, root: Path | None = None) -> Path:
-    return labels_dir(golden_root(root)) / f"{fingerprint}.json"
 
 
 def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
@@ -44,7 +40,7 @@ def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
         "written_by": REFRESH_COMMAND,
         "labels": sorted(accepted_labels()),
     }
-    path = manifest_path(mcore["fingerprint"], writable(golden_root(root)))
+    path = label_manifest_path(mcore["fingerprint"], writable(golden_root(root)))
     if path.is_file():
         try:
             previous = _load(path)
@@ -73,7 +69,7 @@ def manifest_problem(root: Path | None = None) -> str | None:
     so an MCore bump that adds or removes labels reads as a label diff, not just a missing file.
     """
     fingerprint = collect_revisions()["megatron_core"]["fingerprint"]
-    path = manifest_path(fingerprint, existing(golden_root(root)))
+    path = label_manifest_path(fingerprint, existing(golden_root(root)))
     directory = path.parent
     current = set(accepted_labels())
     if path.is_file():

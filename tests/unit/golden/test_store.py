@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from record_samples import REVISIONS, run_record, write_records
 
 from harness.cli import main
 from harness.errors import UsageError
-from harness.record.golden_dir import (
+from harness.golden.store import (
     CHECKOUT_ROOT,
     ENV_VAR,
     golden_path_for,
@@ -128,11 +133,22 @@ def test_a_golden_dir_that_does_not_exist_is_one_line_exit_2(tmp_path, capsys):
     assert not (tmp_path / "missing").exists()
 
 
+def _build_outputs(checkout: Path) -> set[str]:
+    return {p.name for p in checkout.iterdir() if p.name == "build" or p.suffix == ".egg-info"}
+
+
 @pytest.mark.slow
 def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_them(tmp_path):
-    import subprocess
-    import sys
-
+    # pip builds a source tree in place (build/, *.egg-info): it builds a copy of what the wheel is
+    # made of, so the test writes nothing into the checkout.
+    checkout = CHECKOUT_ROOT.parents[1]
+    built_before = _build_outputs(checkout)
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(checkout / "harness", source / "harness", symlinks=True, ignore=ignore)
+    shutil.copytree(CHECKOUT_ROOT, source / "tests" / "golden", ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(checkout / name, source / name)
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -145,7 +161,7 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
             "--no-build-isolation",
             "--target",
             str(target),
-            str(CHECKOUT_ROOT.parents[1]),
+            str(source),
         ],
         check=True,
         capture_output=True,
@@ -165,7 +181,7 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
         [
             sys.executable,
             "-c",
-            "from harness.record.golden_dir import golden_root; print(golden_root())",
+            "from harness.golden.store import golden_root; print(golden_root())",
         ],
         cwd=work,
         env=env,
@@ -194,6 +210,9 @@ def test_a_non_editable_install_finds_its_shipped_goldens_and_refuses_to_write_t
     # The same install registers the pytest plugin for any repo's test run (entry point pytest11).
     (entry_points,) = target.glob("recompute_harness-*.dist-info/entry_points.txt")
     assert "[pytest11]\nharness.pytest_plugin = harness.pytest_plugin" in entry_points.read_text()
+    assert (
+        _build_outputs(checkout) == built_before
+    )  # pip wrote no build/ or *.egg-info into the checkout
 
 
 def test_refresh_json_and_a_dry_run_marked_as_such_in_the_step_summary(

@@ -1,0 +1,130 @@
+"""After a Megatron Core bump, the CPU half of a golden refresh in one process (``bump``).
+
+Steps, each timed: the identity of the imported Megatron Core; the label diff against the pinned (or
+newest) manifest, then the manifest for this revision; the matrix drift report; one probe pass that
+prints the per-label diff and writes the CPU goldens. Every write is idempotent (an unchanged revision
+writes nothing, byte for byte). A step that cannot run says why, and the summary lists what was
+refreshed, what was left and the next step. ``ci/golden-refresh.sh`` runs this, then the GPU half.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.config.revisions import collect_revisions, megatron_core_identity
+from harness.cpu.adapter import drifted_objects
+from harness.errors import UsageError
+from harness.golden.labels import manifest_problem, write_manifest
+from harness.golden.probe import golden_step, refuse_unpinnable
+from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
+from harness.models import STYLE_MODELS
+from harness.probe.plan import PRECISIONS
+from harness.probe.runner import probe_models
+from harness.probe.table import probe_table, unmeasured_table
+
+
+@dataclass
+class BumpSummary:
+    """What a bump refreshed, left and measured, and the next step."""
+
+    refreshed: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
+    next_steps: list[str] = field(default_factory=list)
+    timings: list[tuple[str, float]] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"refreshed: {len(self.refreshed)}",
+            *(f"  {item}" for item in self.refreshed),
+            f"left: {len(self.left)}",
+            *(f"  {item}" for item in self.left),
+        ]
+        steps = self.next_steps or ["review the diffs above and commit tests/golden/"]
+        out += ["next step:", *(f"  {step}" for step in steps)]
+        out.append(
+            "wall time: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.timings)
+        )
+        return out
+
+
+def _step(summary: BumpSummary, name: str, action: Callable[[], None]) -> None:
+    print(f"\n== {name}", flush=True)
+    started = time.perf_counter()
+    try:
+        action()
+    finally:
+        summary.timings.append((name, time.perf_counter() - started))
+
+
+def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> BumpSummary:
+    """Run the bump's steps, printing each as it runs; the caller has refused an MCore without an
+    identity and unwritable golden directories (nothing is written then)."""
+    summary = BumpSummary()
+
+    def identity() -> None:
+        mcore, found = collect_revisions()["megatron_core"], megatron_core_identity()
+        print(
+            f"megatron-core {mcore['version']} commit {mcore['commit'] or '-'} fingerprint {mcore['fingerprint']} "
+            f"imported from {found['root']}"
+        )
+        for note in found["notes"]:
+            print(f"note: {note}")
+
+    def labels() -> None:
+        problem = manifest_problem(golden_dir)
+        print(problem or "recompute labels match the manifest")
+        path, written = write_manifest(golden_dir)
+        print(f"{'wrote' if written else 'unchanged'} {path}")
+        summary.refreshed += [str(path)] if written else []
+
+    def matrix() -> None:
+        lines, drifted, _ = drift_report(count)
+        print("\n".join(lines))
+        if drifted:
+            summary.left.append("compatibility matrix: drift reported above")
+            summary.next_steps.append(
+                f"edit {RULES_FILE} (and {SPACE_FILE} for new fields) as the matrix "
+                "report says, then rerun ci/golden-refresh.sh"
+            )
+
+    def probe_step() -> None:
+        try:
+            refuse_unpinnable(write=True, golden_dir=golden_dir)
+        except UsageError as exc:
+            print(f"refused: {exc}")
+            summary.left.append("CPU goldens: the probe refused to write (see above)")
+            summary.next_steps.append(
+                "review each drifted object's upstream change, add its digest in "
+                "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh"
+            )
+            return
+        probes = [
+            probe
+            for precision in PRECISIONS
+            for probe in probe_models(list(STYLE_MODELS), precision=precision)
+        ]
+        for result in probes:
+            print(probe_table(result) + "\n")
+        unmeasured = unmeasured_table(probes)
+        if unmeasured:
+            print(unmeasured + "\n")
+        lines, written, _ = golden_step(probes, write=True, golden_dir=golden_dir)
+        print("\n".join(lines))
+        summary.refreshed += written
+
+    _step(summary, "identity", identity)
+    _step(summary, "labels", labels)
+    _step(summary, "matrix", matrix)
+    if not probe:
+        drifted = drifted_objects()
+        print(
+            "\nCPU adapter: "
+            + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision")
+        )
+        summary.left.append("CPU goldens (--no-probe)")
+    else:
+        _step(summary, "probe", probe_step)
+    return summary
