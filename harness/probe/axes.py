@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import traceback
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from harness.models import STYLE_MODELS, build_model
 from harness.probe.coverage import single_label_rows
 from harness.probe.plan import CONTROL, PRECISIONS
 from harness.probe.runner import ModelProbe
-from harness.probe.status import EFFECTIVE, ERROR, REQUIRES_CUDA
+from harness.probe.status import EFFECTIVE, failure_status
 
 MEASURED, NOT_PROBED = "measured", "not-probed"
 # The probe runs one process with TP = PP = EP = 1 (harness.cpu.adapter.init_cpu_parallel_state).
@@ -72,27 +71,6 @@ def dispatcher_names() -> tuple[str, ...]:
     return tuple(typing.get_args(_config_fields()["moe_token_dispatcher_type"]))
 
 
-def _failure_reason(exc: BaseException) -> tuple[str, str]:
-    """(status, reason) for an exception raised while a model ran: ``requires-CUDA`` when the
-    innermost frames are torch.cuda's, with the MCore frame that called it."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    while exc.__context__ is not None and not frames:
-        exc = exc.__context__
-        frames = traceback.extract_tb(exc.__traceback__)
-    cuda = any("/torch/cuda/" in frame.filename for frame in frames)
-    caller = next(
-        (
-            f"{frame.filename.split('/megatron/')[-1]}:{frame.lineno} {frame.line}"
-            for frame in reversed(frames)
-            if "/megatron/core/" in frame.filename
-        ),
-        "",
-    )
-    message = (str(exc).strip().splitlines() or [""])[0]
-    reason = f"{type(exc).__name__}: {message}" + (f" (megatron/{caller})" if caller else "")
-    return (REQUIRES_CUDA if cuda else ERROR), reason
-
-
 def _try_dispatcher(model: str, dispatcher: str) -> tuple[str, str]:
     """Build ``model`` with ``dispatcher`` and run one forward + backward of the control."""
     try:
@@ -101,7 +79,7 @@ def _try_dispatcher(model: str, dispatcher: str) -> tuple[str, str]:
             built = build_model(model, CONTROL, moe_token_dispatcher_type=dispatcher)
             built.loss(built.batch()).backward()
     except Exception as exc:  # noqa: BLE001 - what the revision does on CPU is the finding
-        return _failure_reason(exc)
+        return failure_status(exc)
     return MEASURED, "ran on CPU (forward + backward of []); not in the probe's goldens"
 
 

@@ -28,12 +28,12 @@ from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
 from harness.probe.status import (
     CONTROL_STATUS,
     EFFECTIVE,
-    ERROR,
     INACTIVE,
     REJECTED,
     REQUIRES_TE,
     Equivalence,
     compare_numerics,
+    failure_status,
     requires_te_reason,
     sum_order_reason,
     te_only_labels_missing,
@@ -149,6 +149,7 @@ def measure_row(
     """Build ``row`` with the control's weights, measure it, classify it."""
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
 
+    # What an accepted configuration does on this revision is the row's result, an exception too.
     try:
         built = _build(
             model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes
@@ -163,15 +164,13 @@ def measure_row(
         return ProbeRowResult(
             row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule
         )
+    except Exception as exc:  # noqa: BLE001
+        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, *failure_status(exc))
     built.module.load_state_dict(base.state)
     try:
         result = measure(built, seed=seed)
-    # What an accepted configuration does on this revision is the row's result, an exception too.
     except Exception as exc:  # noqa: BLE001
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return ProbeRowResult(
-            row.label, row.fields, row.add_bias_linear, ERROR, f"{type(exc).__name__}: {first_line}"
-        )
+        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, *failure_status(exc))
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )

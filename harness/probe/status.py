@@ -16,6 +16,7 @@ Importing this module does not import torch: the isolated-probe parent uses the 
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -109,3 +110,22 @@ def requires_te_reason(missing: list[str], model: torch.nn.Module) -> str:
         for label in missing
     ]
     return "; ".join(parts)
+
+
+def failure_status(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) for what Megatron Core raised on a configuration the validator accepted:
+    ``requires-CUDA`` when torch.cuda raised it, else ``error``; the reason names the exception and
+    the innermost Megatron Core line on the way (the call that needed CUDA)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    cuda = any("/torch/cuda/" in frame.filename for frame in frames)
+    caller = next(
+        (
+            f"megatron/{frame.filename.split('/megatron/')[-1]}:{frame.lineno} {frame.line}"
+            for frame in reversed(frames)
+            if "/megatron/core/" in frame.filename
+        ),
+        "",
+    )
+    message = (str(exc).strip().splitlines() or [""])[0]
+    reason = f"{type(exc).__name__}: {message}" + (f" ({caller})" if caller else "")
+    return (REQUIRES_CUDA if cuda else ERROR), reason

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
 from harness.probe.runner import ModelProbe, ProbeRowResult
-from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_TE
+from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_CUDA, REQUIRES_TE
 
 MIB = 1024 * 1024
 _LAYER_CHILD = re.compile(r"^(.*?layers\.\d+)((?:\.[^.]+){0,2})")
@@ -40,7 +40,7 @@ def _equivalence(row: ProbeRowResult, precision: str) -> str:
 def _status(row: ProbeRowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in (HANG, CRASH, ERROR, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
+    if row.status in (HANG, CRASH, ERROR, REQUIRES_CUDA, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
         return f"{row.status}: {row.reason}"
     return row.status
 

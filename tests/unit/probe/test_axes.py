@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from harness.cli import main
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state
 from harness.probe.axes import MEASURED, NOT_PROBED, coverage
-from harness.probe.runner import probe_models
+from harness.probe.plan import ProbeRow
+from harness.probe.runner import baseline, measure_row, probe_models
 from harness.probe.status import REQUIRES_CUDA
 
 # One MoE model, two rows, one precision, plus the dispatcher attempt and layer-kind builds (~4 s).
@@ -68,3 +71,17 @@ def test_probe_coverage_json(capsys):
     found = json.loads(capsys.readouterr().out)
     assert {"axis": "precision", "value": "fp32"}.items() <= found["axes"][0].items()
     assert found["labels"]["core_attn"] == ["dense-tiny (fp32, unfused)"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the alltoall dispatcher builds")
+def test_a_row_mcore_cannot_build_on_cpu_is_a_requires_cuda_row_not_a_traceback():
+    init_cpu_parallel_state()
+    base = baseline("moonlight-tiny")
+    row = measure_row(
+        "moonlight-tiny",
+        ProbeRow(RecomputeFields.full("uniform", 1)),
+        base,
+        moe_token_dispatcher_type="alltoall",  # the overrides reach TransformerConfig
+    )
+    assert row.status == REQUIRES_CUDA and not row.measured
+    assert "token_dispatcher.py" in row.reason  # the MCore line that asked for CUDA
