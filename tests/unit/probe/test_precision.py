@@ -2,52 +2,66 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from harness.config.fields import RecomputeFields
-from harness.golden.probe import check_probe_golden, probe_records, recipe_name
+from harness.golden.probe import probe_records, recipe_name
 from harness.golden.store import existing, golden_path_for, golden_root, load_golden
 from harness.probe.runner import DTYPES, _build, probe_models
 
-# Moonlight's recipe trains in bf16; its style model has MLA, MoE and a dense layer (~6 s).
+# Moonlight's recipe trains in bf16; its style model has MLA, MoE and a dense layer.
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def bf16_probe():
-    (probe,) = probe_models(["moonlight-tiny"], precision="bf16")
-    return probe
-
-
-def test_bf16_golden_matches(bf16_probe):
-    path, problems = check_probe_golden(bf16_probe)
-    assert path.name.startswith("cpu-probe-moonlight-tiny-bf16__")
-    assert not problems, "\n".join(problems)
-
-
-def test_bf16_records_name_their_precision_and_recipe(bf16_probe):
-    records = probe_records(bf16_probe)
-    assert {record.workload.precision for record in records} == {"bf16"}
-    assert {record.workload.recipe for record in records} == {
-        recipe_name("moonlight-tiny", "unfused", "bf16")
+def control_only():
+    """The ``[]`` row of moonlight-tiny in each precision (in-process, ~2 s)."""
+    return {
+        precision: probe_models(["moonlight-tiny"], [], precision=precision)[0]
+        for precision in ("fp32", "bf16")
     }
 
 
-def test_bf16_keeps_about_half_the_fp32_bytes(bf16_probe):
-    # The fp32 golden of the same model (written by the harness) holds the fp32 control's bytes.
-    fp32_records = probe_records(
-        probe_models(["moonlight-tiny"], label_sets=[], hang_probe=False)[0]
+def test_bf16_golden_matches_in_a_fresh_process():
+    # A fresh process, as the main job runs it: replayed bytes of the bf16 core-attention rows have
+    # been seen to depend on what a long-lived pytest worker ran before (docs/probe-coverage.md).
+    result = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "probe", "--model", "moonlight-tiny"]
+        + ["--precision", "bf16", "--check-golden"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
-    fp32 = load_golden(golden_path_for(fp32_records, existing(golden_root(None))))
-    fp32_control = next(row for row in fp32.rows if row.label == "[]").values["retained_bytes"]
-    bf16_control = bf16_probe.control.retained_bytes
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "moonlight-tiny: matches cpu-probe-moonlight-tiny-bf16__" in result.stdout
+    # The deadlock row is about CheckpointFunction, not the dtype: the fp32 pass runs it.
+    assert "`mlp (bias)`" not in result.stdout
+
+
+def test_bf16_records_name_their_precision_and_recipe(control_only):
+    (record,) = probe_records(control_only["bf16"])
+    assert record.workload.precision == "bf16"
+    assert record.workload.recipe == recipe_name("moonlight-tiny", "unfused", "bf16")
+    assert record.workload.recipe == "cpu-probe-moonlight-tiny-bf16"
+
+
+def test_bf16_keeps_about_half_the_fp32_bytes(control_only):
+    fp32, bf16 = (control_only[p].control.retained_bytes for p in ("fp32", "bf16"))
     # Activations halve; what stays fp32 (the loss's logits, router probabilities) keeps it above.
-    assert fp32_control / 2 <= bf16_control < fp32_control
-
-
-def test_the_deadlock_row_is_left_to_the_fp32_pass(bf16_probe):
-    assert not any(row.add_bias_linear for row in bf16_probe.rows)
+    assert fp32 / 2 <= bf16 < fp32
+    # The goldens the harness wrote say the same as this run.
+    for precision, measured in (("fp32", fp32), ("bf16", bf16)):
+        records = probe_records(control_only[precision])
+        golden = load_golden(golden_path_for(records, existing(golden_root(None))))
+        assert (
+            next(row for row in golden.rows if row.label == "[]").values["retained_bytes"]
+            == measured
+        )
 
 
 def test_every_parameter_is_cast_as_float16module_casts_it():
