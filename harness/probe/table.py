@@ -40,7 +40,9 @@ def _equivalence(row: ProbeRowResult, precision: str) -> str:
 def _status(row: ProbeRowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in (HANG, CRASH, ERROR, REQUIRES_CUDA, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
+    if row.status in (HANG, CRASH, ERROR, REQUIRES_CUDA, REQUIRES_TE) or (
+        row.status == EFFECTIVE and row.reason
+    ):
         return f"{row.status}: {row.reason}"
     return row.status
 
