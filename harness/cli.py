@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
     if not isinstance(sys.stdout, _ClosedPipeTolerant):
-        sys.stdout = _ClosedPipeTolerant(sys.stdout)  # type: ignore[assignment]
+        sys.stdout = _ClosedPipeTolerant(sys.stdout)
     try:
         refuse_optimized_python()
         _check_step_summary()
@@ -168,10 +168,11 @@ def main(argv: list[str] | None = None) -> int:
         print("recompute-harness: interrupted", file=sys.stderr)
         return 130
     except SystemExit as stop:
-        if stopped_by(stop.code) is None:
+        stop_signal = stopped_by(stop.code)
+        if stop_signal is None:
             raise
         print(f"recompute-harness: stopped by {exit_cause(stop.code)}", file=sys.stderr)
-        return stop.code
+        return 128 + stop_signal.value
 
 
 if __name__ == "__main__":

@@ -31,16 +31,15 @@ from harness.report.junit import record_golden_properties
 from harness.report.markdown import comparison_markdown
 
 RecordsLike = Record | Path | str | Mapping[str, object]
+_TAKES = "pass Record objects, record files or directories, or records as parsed JSON (dicts)"
 
 
-def as_records(records: Iterable[RecordsLike] | Mapping[str, object]) -> list[Record]:
+def as_records(records: Iterable[RecordsLike] | RecordsLike) -> list[Record]:
     """``records`` validated and typed; ``UsageError`` (one line) for what is not a record."""
-    if isinstance(records, Mapping):  # one record as parsed JSON
+    if isinstance(records, (Mapping, Record, str, os.PathLike)):  # one record, or one path
         records = [records]
-    if isinstance(records, (str, bytes, os.PathLike)):
-        raise UsageError(
-            f"records: got a single {type(records).__name__}; pass a list of record paths"
-        )
+    if not isinstance(records, Iterable) or isinstance(records, bytes):
+        raise UsageError(f"records: cannot judge a {type(records).__name__}; {_TAKES}")
     typed: list[Record] = []
     paths: list[Path | str] = []
     for i, item in enumerate(records):
@@ -54,15 +53,12 @@ def as_records(records: Iterable[RecordsLike] | Mapping[str, object]) -> list[Re
                 for data in records_in(dict(item), f"records[{i}]")
             ]
         else:
-            raise UsageError(
-                f"records[{i}]: cannot judge a {type(item).__name__}; pass Record objects, record "
-                "files or directories, or records as parsed JSON (dicts)"
-            )
+            raise UsageError(f"records[{i}]: cannot judge a {type(item).__name__}; {_TAKES}")
     return typed + (load_records(paths) if paths else [])
 
 
 def check_against_golden(
-    records: Iterable[RecordsLike] | Mapping[str, object],
+    records: Iterable[RecordsLike] | RecordsLike,
     golden: Path,
     record_property: Callable[[str, object], None] | None = None,
 ) -> Comparison:
@@ -88,7 +84,7 @@ def check_against_golden(
 
 
 def regenerate_golden(
-    records: Iterable[RecordsLike] | Mapping[str, object], golden: Path, command: str
+    records: Iterable[RecordsLike] | RecordsLike, golden: Path, command: str
 ) -> Sequence[Path]:
     """Write the goldens of ``records`` under ``golden`` (a golden root, or a golden file there),
     accepting failed and partial sets (what the test measured is what it wants pinned)."""

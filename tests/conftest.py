@@ -4,10 +4,19 @@ harness's own pytest plugin (harness/pytest_plugin.py), as in any repo that uses
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
 from harness.cpu.deferred_compile import defer_compile_before_megatron_core
+
+# Torch's JIT extension cache where ./venv-run builds Megatron Core's share_storage_ext (~28 s of g++)
+# when it creates the venv: beside the venv. A bare `.venv/bin/pytest` (an IDE, a CI calling the venv
+# directly) would otherwise build it again under ~/.cache, in every process that first needs it. Set
+# before any test, so xdist workers, probe children and torchrun ranks inherit it.
+if sys.prefix != sys.base_prefix:
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
 
 # The test processes import Megatron Core as the CLI and the workers do: with the CPU adapter's part 4.
 defer_compile_before_megatron_core()

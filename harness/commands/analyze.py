@@ -8,10 +8,17 @@ from pathlib import Path
 
 from harness.compare.analysis import analyse
 from harness.errors import EXIT_OK
+from harness.estimate.versus import (
+    estimate_vs_measured,
+    load_estimate,
+    versus_json,
+    versus_markdown,
+)
 from harness.files import check_output
 from harness.record.io import load_records, unmeasured_rows
 from harness.report.json_report import analysis_json, dumps
 from harness.report.markdown import analysis_markdown, emit
+from harness.report.plot import nothing_to_plot, plot_analysis
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -51,13 +58,6 @@ def run(args: argparse.Namespace) -> int:
     )  # a killed sweep's table is not the whole sweep
     versus = None
     if args.estimate is not None:
-        from harness.estimate.versus import (
-            estimate_vs_measured,
-            load_estimate,
-            versus_json,
-            versus_markdown,
-        )
-
         estimate = load_estimate(args.estimate)
         versus = estimate_vs_measured(analysis, estimate)
     if args.json:
@@ -70,8 +70,6 @@ def run(args: argparse.Namespace) -> int:
         if versus is not None:
             emit("\n" + versus_markdown(versus, estimate))
     if args.plot:
-        from harness.report.plot import nothing_to_plot, plot_analysis
-
         reason = nothing_to_plot(analysis)
         if reason is not None:
             print(f"recompute-harness: not plotted: {reason}", file=sys.stderr)

@@ -6,7 +6,10 @@ import argparse
 import json
 
 from harness.commands.options import add_golden_dir
+from harness.config.labels import accepted_labels
+from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK
+from harness.golden.labels import manifest_problem, write_manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,10 +27,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.config.labels import accepted_labels
-    from harness.config.revisions import collect_revisions
-    from harness.golden.labels import manifest_problem, write_manifest
-
     if args.write_manifest:
         path, written = write_manifest(args.golden_dir)
         print(f"{'wrote' if written else 'unchanged'} {path}")

@@ -13,6 +13,9 @@ from pathlib import Path
 from harness.commands.options import add_golden_dir
 from harness.errors import EXIT_OK, UsageError
 from harness.files import check_output, write_text_atomic
+from harness.run.recipes import is_recipe_file, load_recipe
+from harness.run.runner import sweep_rows
+from harness.run.slurm import SCRIPT_MARK, SlurmOptions, sbatch_script
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,10 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.run.recipes import is_recipe_file, load_recipe
-    from harness.run.runner import sweep_rows
-    from harness.run.slurm import SCRIPT_MARK, SlurmOptions, sbatch_script
-
     recipe = load_recipe(args.recipe)
     if recipe.device != "cuda":
         raise UsageError(

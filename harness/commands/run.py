@@ -12,13 +12,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.files import ensure_dir
-
-if TYPE_CHECKING:  # the runner imports torch's launcher: only when a sweep runs
-    from harness.run.runner import RowResult
+from harness.report.json_report import dumps
+from harness.report.markdown import analysis_markdown, emit
+from harness.report.sweep import sweep_report, sweep_report_json
+from harness.run.faults import FAULT_ENV, parse_fault
+from harness.run.progress import LiveProgress
+from harness.run.recipes import load_recipe, recipe_names, with_world
+from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -90,9 +93,6 @@ def _positive(value: float | None, flag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.run.faults import FAULT_ENV, parse_fault
-    from harness.run.recipes import load_recipe, recipe_names, with_world
-
     if args.list:
         for name in recipe_names():
             recipe = load_recipe(name)
@@ -111,9 +111,6 @@ def run(args: argparse.Namespace) -> int:
     # anything launches, not first by a worker.
     specs = [*args.inject_fault, *([os.environ[FAULT_ENV]] if os.environ.get(FAULT_ENV) else [])]
     faults = [parse_fault(spec) for spec in specs]
-
-    from harness.run.progress import LiveProgress
-    from harness.run.runner import Launcher, check_launchable, run_sweep, sweep_rows
 
     rows = sweep_rows(recipe, args.rows)
     if args.srun_arg and args.launcher != "slurm":
@@ -142,52 +139,17 @@ def run(args: argparse.Namespace) -> int:
             launcher=launcher,
             checked=True,
         )
-    _report(directory, results, args.json)
+    report = sweep_report(directory, results)
+    if args.json:
+        print(dumps(sweep_report_json(report)))
+    else:
+        print(f"records: {directory / 'records'}")
+        emit(analysis_markdown(report.analysis))
+        print(
+            f"plot: {report.plot}" if report.plot is not None else f"plot: none ({report.why_not})"
+        )
+    if report.unwritten is not None:  # after the report: the records and analysis are the product
+        raise report.unwritten
     return (
         EXIT_OK if all(result.outcome.status == "completed" for result in results) else EXIT_FAILED
     )
-
-
-def _report(directory: Path, results: list[RowResult], as_json: bool) -> None:
-    """The records' place, the analysis against the control and its plot: markdown, or one JSON object.
-    The report comes first: the records are the sweep's product, and a plot that cannot be drawn (only
-    the control measured) or written (a disk that filled as the sweep ended) must not hide them."""
-    from harness.compare.analysis import analyse
-    from harness.report.json_report import analysis_json, dumps
-    from harness.report.markdown import analysis_markdown, emit
-    from harness.report.plot import nothing_to_plot, plot_analysis
-
-    analysis = analyse([result.record for result in results])
-    plot: Path | None = None
-    unwritten: UsageError | None = None
-    why_not = nothing_to_plot(analysis)
-    if why_not is None:
-        try:
-            plot_analysis(analysis, directory / "analysis.png")
-            plot = directory / "analysis.png"
-        except UsageError as exc:
-            unwritten, why_not = exc, "could not be written"
-    if as_json:
-        print(
-            dumps(
-                {
-                    "records": str(directory / "records"),
-                    "plot": None if plot is None else str(plot),
-                    "rows": [
-                        {
-                            "row": result.row,
-                            "status": result.outcome.status,
-                            "record": str(result.record_path),
-                        }
-                        for result in results
-                    ],
-                    "analysis": analysis_json(analysis),
-                }
-            )
-        )
-    else:
-        print(f"records: {directory / 'records'}")
-        emit(analysis_markdown(analysis))
-        print(f"plot: {plot}" if plot is not None else f"plot: none ({why_not})")
-    if unwritten is not None:
-        raise unwritten

@@ -9,7 +9,10 @@ import argparse
 import json
 from typing import Any
 
+from harness.config.coerce import coerce_field, field_types, parse_assignment
 from harness.config.fields import RecomputeFields, parse_labels
+from harness.config.rules import SUPERSEDED_RULE
+from harness.config.validate import config_class_for, validate
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 
 RECOMPUTE_FIELDS = tuple(RecomputeFields().as_dict())
@@ -45,9 +48,6 @@ def _utf8(text: str, what: str) -> str:
 
 
 def _fields(args: argparse.Namespace) -> dict[str, Any]:
-    from harness.config.coerce import coerce_field, field_types, parse_assignment
-    from harness.config.validate import config_class_for
-
     for what, text in (
         ("--granularity", args.granularity),
         ("--modules", args.modules),
@@ -89,9 +89,6 @@ def _fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from harness.config.rules import SUPERSEDED_RULE
-    from harness.config.validate import validate
-
     fields = _fields(args)
     try:
         verdict = validate(fields)

@@ -54,10 +54,12 @@ def select(records: Sequence[Record], target_gb: float) -> Selection:
         return Selection(target_gb, None, None, None, considered)
     best = fitting[0]
     headline = best.headline
+    best_peak = headline["peak_allocated_bytes"]
+    assert best_peak is not None  # a record without one was considered, not fitting, above
     return Selection(
         target_gb,
         best.label,
-        headline["peak_allocated_bytes"] / GB,
+        best_peak / GB,
         headline["step_time_ms"],
         considered,
     )

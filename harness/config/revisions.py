@@ -244,7 +244,9 @@ def _imported_identity() -> dict[str, Any]:
     """version / commit / fingerprint of the imported MCore, plus the metadata's view and any notes."""
     root = megatron_core_root()
     dist = _distribution("megatron-core")
-    package = None if dist is None else {"version": dist.version, "commit": vcs_commit(dist)}
+    package_version = None if dist is None else dist.version
+    package_commit = None if dist is None else vcs_commit(dist)
+    package = None if dist is None else {"version": package_version, "commit": package_commit}
     if root is None:
         return {
             "root": None,
@@ -256,8 +258,8 @@ def _imported_identity() -> dict[str, Any]:
         }
     notes: list[str] = []
     owned = dist is not None and _owned_by(dist, root)
-    version = _source_version(root) or (package["version"] if owned else None)
-    commit = package["commit"] if owned and package["commit"] else None
+    version = _source_version(root) or (package_version if owned else None)
+    commit = package_commit if owned and package_commit else None
     if commit is None:
         commit, note = _git_commit(root)
         notes += [note] if note else []
@@ -267,10 +269,12 @@ def _imported_identity() -> dict[str, Any]:
         fingerprint = None
         notes.append(str(exc))
     # A source build's metadata carries a local "+<commit>" suffix: the same release, not a disagreement.
-    disagrees = package is not None and (not owned or package["version"].split("+")[0] != version)
+    disagrees = package_version is not None and (
+        not owned or package_version.split("+")[0] != version
+    )
     if disagrees:
         notes.append(
-            f"package metadata says megatron-core {package['version']} (commit {package['commit']}) "
+            f"package metadata says megatron-core {package_version} (commit {package_commit}) "
             f"but import loads {version} from {root}"
         )
     return {
@@ -323,6 +327,8 @@ def _torch_cuda_version() -> str | None:
     if not version_file.is_file():
         return None
     spec = importlib.util.spec_from_file_location("_harness_torch_version", version_file)
+    if spec is None or spec.loader is None:
+        return None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)  # a file of constants; importing it does not import torch
     return getattr(module, "cuda", None)

@@ -232,9 +232,9 @@ def enable_cpu_adapter() -> bool:
         return True
     if torch.cuda.is_available():
         return False
-    torch.cuda.current_device = _cpu_current_device  # type: ignore[assignment]
-    torch.cuda.get_rng_state = _cpu_get_rng_state  # type: ignore[assignment]
-    torch.cuda.manual_seed = _cpu_manual_seed  # type: ignore[assignment]
+    torch.cuda.current_device = _cpu_current_device
+    torch.cuda.get_rng_state = _cpu_get_rng_state
+    torch.cuda.manual_seed = _cpu_manual_seed
     mcore_random._get_cuda_rng_state = _cpu_get_rng_state
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())

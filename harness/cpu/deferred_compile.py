@@ -42,7 +42,7 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
     if model is None:  # @torch.compile(...) with arguments: the decorator itself
         return lambda function: _deferred_compile(function, **options)
     if not callable(model) or isinstance(model, torch.nn.Module):
-        return _upstream_compile(model, **options)  # a module (or bad input): upstream decides now
+        return upstream_compile()(model, **options)  # a module (or bad input): upstream decides now
     compiled: Callable[..., Any] | None = None
 
     @functools.wraps(model)
@@ -53,7 +53,7 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
                 compile_disabled()
             ):  # what upstream's compiled function does under the flag: run eagerly
                 return model(*args, **kwargs)
-            compiled = _upstream_compile(model, **options)
+            compiled = upstream_compile()(model, **options)
         return compiled(*args, **kwargs)
 
     return first_call_compiles
@@ -87,7 +87,7 @@ def defer_compile() -> bool:
 
     if _upstream_compile is None:
         _upstream_compile = torch.compile
-        torch.compile = _deferred_compile  # type: ignore[assignment]
+        torch.compile = _deferred_compile
     return True
 
 

@@ -36,7 +36,14 @@ from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
-from harness.probe.status import CONTROL_STATUS, EFFECTIVE, INACTIVE, REJECTED, REQUIRES_TE
+from harness.probe.status import (
+    CONTROL_STATUS,
+    EFFECTIVE,
+    INACTIVE,
+    REJECTED,
+    REQUIRES_TE,
+    MeasuredRow,
+)
 from harness.processes import run_bounded
 from harness.record.build import now_iso
 from harness.run.recipes import Recipe
@@ -56,13 +63,10 @@ ATTENTION_FOR_RECIPE = {
 _EXPERT_INDEX = re.compile(r"local_experts\.\d+")
 
 
-@dataclass
-class EstimateRow:
-    label: str
-    status: str
-    reason: str = ""
-    rule: str | None = None
-    retained_bytes: int | None = None
+@dataclass(kw_only=True)
+class EstimateRow(MeasuredRow):
+    """An estimated row: the shared verdict, plus the saving and where it comes from."""
+
     saving_bytes: int | None = None
     saving_pct: float | None = None
     partial_saving_bytes: int | None = (
@@ -245,8 +249,9 @@ def assemble(
             * in_flight
         )
 
-    control_totals = [rank_total(result, CONTROL_ROW) for result in results]
-    if any(total is None for total in control_totals):
+    measured = [rank_total(result, CONTROL_ROW) for result in results]
+    control_totals = [total for total in measured if total is not None]
+    if len(control_totals) != len(measured):
         raise RuntimeError(
             f"{where}: the [] control could not be measured: "
             f"{first['rejected'].get(CONTROL_ROW, {}).get('message', 'no measurement')}"

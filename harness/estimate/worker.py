@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                     "labels": missing,
                     "reason": requires_te_reason(missing, layer),
                 }
-                if set(missing) == set(fields.modules):
+                if set(missing) == set(fields.modules or ()):
                     continue  # nothing of the row runs without TE: no measurement to make
             per_row[row] = [vars(measure_layer(layer, s, recipe.micro_batch_size)) for s in seqs]
         result["kinds"][kind] = per_row

@@ -24,6 +24,7 @@ from harness.record.metrics import (
     EFFECT_METRICS,
     MATERIAL_COST_PCT,
     MATERIAL_SAVING_PCT,
+    declared_metric,
     higher_is_better,
 )
 from harness.record.metrics import metric as metric_named
@@ -216,14 +217,14 @@ def compare_records(
                 "none: measure the [] control in the same sweep"
             )
     for row in golden.rows:
-        record = by_label.pop(row.label, None)
-        if record is None:
+        if row.label not in by_label:
             comparison.checks.append(
                 MetricCheck(
                     row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"
                 )
             )
             continue
+        record = by_label.pop(row.label)
         actual_stage = record.outcome.stage()
         comparison.checks.append(
             MetricCheck(
@@ -245,7 +246,7 @@ def compare_records(
             name
             for name in row.values
             if name not in EFFECT_METRICS
-            and (not effect_row or metric_named(name).scope == "count")
+            and (not effect_row or declared_metric(name).scope == "count")
         ]
         inactive = _inactive_verdict(row.values, actual_values) if effect_row else None
         for metric in judged:

@@ -7,6 +7,7 @@ only from the installed validator (``harness.config.labels.accepted_labels``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,63 @@ from harness.files import require_writable_dir, write_json_atomic
 from harness.golden.store import existing, golden_root, label_manifest_path, labels_dir, writable
 
 MANIFEST_SCHEMA = "recompute-harness/label-manifest"
+MANIFEST_SCHEMA_VERSION = 1
 REFRESH_COMMAND = "./venv-run recompute-harness labels --write-manifest"
+
+
+@dataclass(frozen=True)
+class LabelManifest:
+    """The recompute labels one Megatron Core source fingerprint accepts, and where they came from."""
+
+    fingerprint: str
+    megatron_core: dict[str, str | None]  # version, commit (null for a wheel)
+    created: str  # when first written; a rewrite with nothing else changed keeps it
+    written_by: str
+    labels: tuple[str, ...]  # sorted
+
+    @classmethod
+    def from_json(cls, data: Any, source: str) -> LabelManifest:
+        """The manifest in ``data``; ``UsageError`` (one line naming ``source``) when it is not one."""
+        if not isinstance(data, dict) or data.get("schema") != MANIFEST_SCHEMA:
+            raise UsageError(
+                f"{source} is not a label manifest (schema {MANIFEST_SCHEMA!r} expected)"
+            )
+        version = data.get("schema_version")
+        if isinstance(version, bool) or version != MANIFEST_SCHEMA_VERSION:
+            raise UsageError(
+                f"{source}: unknown label manifest schema version {version!r}; this harness "
+                f"reads {MANIFEST_SCHEMA_VERSION}"
+            )
+        expected = {"schema", "schema_version", *(f.name for f in fields(cls))}
+        if set(data) != expected:
+            raise UsageError(f"{source}: expected the keys {', '.join(sorted(expected))}")
+        mcore, labels = data["megatron_core"], data["labels"]
+        if (
+            not all(isinstance(data[key], str) for key in ("fingerprint", "created", "written_by"))
+            or not isinstance(mcore, dict)
+            or set(mcore) != {"version", "commit"}
+            or any(v is not None and not isinstance(v, str) for v in mcore.values())
+            or not isinstance(labels, list)
+            or not all(isinstance(label, str) for label in labels)
+        ):
+            raise UsageError(
+                f"{source}: fingerprint, created and written_by are strings, megatron_core "
+                "{version, commit} strings or null, labels a list of strings"
+            )
+        return cls(
+            data["fingerprint"], dict(mcore), data["created"], data["written_by"], tuple(labels)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": MANIFEST_SCHEMA,
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "fingerprint": self.fingerprint,
+            "megatron_core": dict(self.megatron_core),
+            "created": self.created,
+            "written_by": self.written_by,
+            "labels": list(self.labels),
+        }
 
 
 def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
@@ -31,35 +88,31 @@ def write_manifest(root: Path | None = None) -> tuple[Path, bool]:
     require_identity()
     require_writable_dir(labels_dir(golden_root(root)))
     mcore = collect_revisions()["megatron_core"]
-    manifest = {
-        "schema": MANIFEST_SCHEMA,
-        "schema_version": 1,
-        "fingerprint": mcore["fingerprint"],
-        "megatron_core": {"version": mcore["version"], "commit": mcore["commit"]},
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "written_by": REFRESH_COMMAND,
-        "labels": sorted(accepted_labels()),
-    }
+    manifest = LabelManifest(
+        fingerprint=mcore["fingerprint"],
+        megatron_core={"version": mcore["version"], "commit": mcore["commit"]},
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        written_by=REFRESH_COMMAND,
+        labels=tuple(sorted(accepted_labels())),
+    )
     path = label_manifest_path(mcore["fingerprint"], writable(golden_root(root)))
     if path.is_file():
         try:
-            previous = _load(path)
+            previous = load_manifest(path)
         except UsageError:
-            previous = {}  # an unreadable manifest is replaced
-        if {**previous, "created": None} == {**manifest, "created": None}:
+            previous = None  # an unreadable manifest is replaced
+        if previous is not None and replace(previous, created=manifest.created) == manifest:
             return path, False
-    write_json_atomic(path, manifest)
+    write_json_atomic(path, manifest.to_json())
     return path, True
 
 
-def _load(path: Path) -> dict[str, Any]:
+def load_manifest(path: Path) -> LabelManifest:
     try:
-        manifest = json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: unreadable label manifest ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("schema") != MANIFEST_SCHEMA:
-        raise UsageError(f"{path} is not a label manifest (schema {MANIFEST_SCHEMA!r} expected)")
-    return manifest
+    return LabelManifest.from_json(data, str(path))
 
 
 def manifest_problem(root: Path | None = None) -> str | None:
@@ -73,20 +126,21 @@ def manifest_problem(root: Path | None = None) -> str | None:
     directory = path.parent
     current = set(accepted_labels())
     if path.is_file():
-        reference = _load(path)
+        reference = load_manifest(path)
         headline = f"recompute labels differ from the manifest {path.name}"
     else:
         others = sorted(
-            ((p, _load(p)) for p in directory.glob("*.json")), key=lambda item: item[1]["created"]
+            ((p, load_manifest(p)) for p in directory.glob("*.json")),
+            key=lambda item: item[1].created,
         )
         if not others:
             return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}"
         newest, reference = others[-1]
         headline = (
             f"no label manifest for Megatron Core fingerprint {fingerprint}; newest is {newest.name} "
-            f"(megatron-core {reference['megatron_core']['version']})"
+            f"(megatron-core {reference.megatron_core['version']})"
         )
-    pinned = set(reference["labels"])
+    pinned = set(reference.labels)
     if path.is_file() and pinned == current:
         return None
     added, removed = sorted(current - pinned), sorted(pinned - current)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +13,10 @@ from harness.config.rules import RULES, Rule
 from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
 from harness.config.view import ConfigView
 
-_DIFFERENTIAL_RULES: tuple[Rule, ...] = tuple(rule for rule in RULES if rule.differential)
+# Each with its predicate (the ones ``Rule.differential`` names), so the loop needs no None check.
+_DIFFERENTIAL_RULES: tuple[tuple[Rule, Callable[[ConfigView], bool]], ...] = tuple(
+    (rule, rule.predicate) for rule in RULES if rule.predicate is not None
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +42,8 @@ class Oracle:
             full, config_defaults(config_class_for(full)), self.labels, self.te_version
         )
         warned: list[str] = []
-        for rule in _DIFFERENTIAL_RULES:
-            if not rule.predicate(view):
+        for rule, predicate in _DIFFERENTIAL_RULES:
+            if not predicate(view):
                 continue
             if rule.outcome == "reject":
                 return Prediction(False, rule.id, tuple(warned), None)

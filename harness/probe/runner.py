@@ -32,6 +32,7 @@ from harness.probe.status import (
     REJECTED,
     REQUIRES_TE,
     Equivalence,
+    MeasuredRow,
     compare_numerics,
     failure_status,
     requires_te_reason,
@@ -47,15 +48,12 @@ HANG_PROBE_MODELS = ("dense-tiny",)
 DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16), strict=True))
 
 
-@dataclass
-class ProbeRowResult:
-    label: str
+@dataclass(kw_only=True)
+class ProbeRowResult(MeasuredRow):
+    """A probe row: the shared verdict, plus what only the CPU probe measures."""
+
     fields: RecomputeFields
     add_bias_linear: bool
-    status: str
-    reason: str = ""
-    rule: str | None = None
-    retained_bytes: int | None = None
     backward_flops: int | None = None
     replay_bytes: int | None = None
     replay_ops: int | None = None
@@ -70,14 +68,11 @@ class ProbeRowResult:
         default_factory=list
     )  # CarriedTensor fields, per storage
 
-    @property
-    def measured(self) -> bool:
-        return self.retained_bytes is not None
-
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["fields"] = self.fields.as_dict()
-        return data
+        # `probe --json`'s key order since before the shared type: label, fields, add_bias_linear first.
+        return {key: data[key] for key in ("label", "fields", "add_bias_linear")} | data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ProbeRowResult:
@@ -162,7 +157,12 @@ def measure_row(
             else rejected.mcore_exception
         )
         return ProbeRowResult(
-            row.label, row.fields, row.add_bias_linear, REJECTED, message, rejected.rule
+            row.label,
+            REJECTED,
+            message,
+            rejected.rule,
+            fields=row.fields,
+            add_bias_linear=row.add_bias_linear,
         )
     except Exception as exc:  # noqa: BLE001
         return ProbeRowResult(row.label, row.fields, row.add_bias_linear, *failure_status(exc))
@@ -195,21 +195,23 @@ def measure_row(
         status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
     return ProbeRowResult(
         row.label,
-        row.fields,
-        row.add_bias_linear,
         status,
         reason,
         None,
         result.retained_bytes,
-        result.backward_flops,
-        result.replay_bytes,
-        result.replay_ops,
-        equivalence,
-        compare_numerics(dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads),
-        result.attribution,
-        result.carried.bytes,
-        result.carried.attribution(),
-        [asdict(tensor) for tensor in result.carried.tensors],
+        fields=row.fields,
+        add_bias_linear=row.add_bias_linear,
+        backward_flops=result.backward_flops,
+        replay_bytes=result.replay_bytes,
+        replay_ops=result.replay_ops,
+        equivalence=equivalence,
+        dropout_equivalence=compare_numerics(
+            dropout.loss, dropout.grads, base.dropout.loss, base.dropout.grads
+        ),
+        attribution=result.attribution,
+        carried_bytes=result.carried.bytes,
+        carried_attribution=result.carried.attribution(),
+        carried_holders=[asdict(tensor) for tensor in result.carried.tensors],
     )
 
 
@@ -359,8 +361,8 @@ def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:
     # "hang", or "crash" when the child died
     return ProbeRowResult(
         child.row.label,
-        child.row.fields,
-        child.row.add_bias_linear,
         outcome.status,
         outcome.message,
+        fields=child.row.fields,
+        add_bias_linear=child.row.add_bias_linear,
     )

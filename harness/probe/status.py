@@ -32,6 +32,23 @@ HANG, CRASH, ERROR = "hang", "crash", "error"
 REQUIRES_CUDA = "requires-CUDA"
 
 
+@dataclass
+class MeasuredRow:
+    """One recompute row measured against ``[]`` and its verdict: the result type the probe
+    (``harness.probe.runner.ProbeRowResult``) and the estimate (``harness.estimate.estimate.EstimateRow``)
+    share. ``status`` is one of this module's statuses; ``rule`` the matrix rule of a rejection."""
+
+    label: str
+    status: str
+    reason: str = ""
+    rule: str | None = None
+    retained_bytes: int | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.retained_bytes is not None
+
+
 @dataclass(frozen=True)
 class Equivalence:
     """Loss and parameter gradients of a row against the control's, bit for bit."""

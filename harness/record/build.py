@@ -60,7 +60,7 @@ def iteration_row(
     )
 
 
-def rank_peaks(rank: int, peaks: Mapping[int, tuple[int | None, ...]]) -> RankPeaks:
+def rank_peaks(rank: int, peaks: Mapping[int, tuple[int, *tuple[int | None, ...]]]) -> RankPeaks:
     """A rank's ``(max_memory_allocated, max_memory_reserved[, allocated after the step, after zero_grad])``
     read after each iteration's optimizer step."""
     return RankPeaks(rank, [PeakReading(it, *values) for it, values in sorted(peaks.items())])

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 
 from harness.errors import UsageError
 from harness.record.model import Number, Record, RunMetrics
+from harness.record.vocabulary import MEASURED_PEAK_SCOPES
 
-# Whose peak a number is: the hottest rank (what runs report), rank 0, or the hottest of the
-# data-parallel rank-0 ranks (Bridge's memory report prints on data-parallel rank 0).
-SCOPES = ("all-ranks", "rank0", "dp-rank0")
+# Whose peak a number is (harness.record.vocabulary.PeakScope, less "unreported").
+SCOPES = MEASURED_PEAK_SCOPES
 SCOPED_METRICS = {
     "peak_allocated_bytes": ("at", "allocated"),
     "peak_reserved_bytes": ("at", "reserved"),
@@ -58,7 +58,7 @@ def _ranks_in(scope: str, record: Record) -> list[int]:
     return ranks
 
 
-def scoped_peaks(record: Record, scope: str) -> dict[str, int | None]:
+def scoped_peaks(record: Record, scope: str) -> dict[str, Number | None]:
     """The record's peak metrics over the ranks ``scope`` names; refused when the record cannot say."""
     headline = record.headline
     if headline.peak_scope in (scope, "unreported"):  # its own scope, or no peaks at all (CPU)
@@ -75,13 +75,13 @@ def scoped_peaks(record: Record, scope: str) -> dict[str, int | None]:
         [{r.iteration for r in rank.peaks} for rank in metrics.ranks],
     )
     last = max(set.intersection(*iterations)) if iterations else None
-    values: dict[str, int | None] = {}
+    values: dict[str, Number | None] = {}
     for name, (when, kind) in SCOPED_METRICS.items():
         if name not in headline.values:
             continue
         iteration = at if when == "at" else last
         readings = (
-            [rank.at(iteration) for rank in metrics.ranks if rank.rank in chosen]
+            [rank.at(int(iteration)) for rank in metrics.ranks if rank.rank in chosen]
             if iteration
             else []
         )
@@ -117,9 +117,8 @@ def effects(
     allocated, base_allocated = mine.get("peak_allocated_bytes"), base.get("peak_allocated_bytes")
     if same_checkpoint and allocated is not None and base_allocated is not None:
         result["saving_allocated_bytes"] = base_allocated - allocated
-        result["saving_allocated_pct"] = (
-            -_pct(allocated, base_allocated) if base_allocated else None
-        )
+        growth_pct = _pct(allocated, base_allocated)  # None when the control held nothing
+        result["saving_allocated_pct"] = None if growth_pct is None else -growth_pct
     if same_checkpoint:
         result["reserved_change_pct"] = _pct(
             mine.get("peak_reserved_bytes"), base.get("peak_reserved_bytes")

@@ -25,8 +25,10 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     result = dict(pairs)
     if len(result) != len(pairs):
         seen: set[str] = set()
-        duplicated = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise ValueError(f"duplicated key {duplicated!r}")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicated key {key!r}")
+            seen.add(key)
     return result
 
 

@@ -17,10 +17,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from harness.record.vocabulary import RUN_KIND_VALUES
+
 Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe", "effect"]
 Better = Literal["lower", "higher", "exact"]
 # Record kinds whose goldens judge run metrics; CPU probes are judged exactly on every metric.
-RUN_KINDS = ("run", "reference")
+RUN_KINDS = RUN_KIND_VALUES
 
 
 @dataclass(frozen=True)
@@ -108,7 +110,8 @@ def _max_reserved(readings: RankReadings, at: int | None) -> int | None:
     if at is None or not readings:
         return None
     reserved = [rank[at][1] for rank in readings]
-    return None if None in reserved else max(reserved)
+    known = [value for value in reserved if value is not None]
+    return max(known) if len(known) == len(reserved) else None
 
 
 def _hottest_carried(readings: RankReadings, at: int | None) -> int | None:
@@ -116,7 +119,8 @@ def _hottest_carried(readings: RankReadings, at: int | None) -> int | None:
     if at is None or not readings:
         return None
     carried = [rank[at][3] if rank[at][3] is not None else rank[at][2] for rank in readings]
-    return None if None in carried else max(carried)
+    known = [value for value in carried if value is not None]
+    return max(known) if len(known) == len(carried) else None
 
 
 def _allocated_spread(readings: RankReadings, at: int | None) -> int | None:
@@ -404,6 +408,15 @@ def metric(name: str, scope: Scope | None = None) -> Metric | None:
     )
 
 
+def declared_metric(name: str) -> Metric:
+    """The metric called ``name``, which the registry declares: a name the harness itself spells (an
+    entry of ``RUN_GOLDEN_METRICS``, a golden's checked metric), so a miss is a bug, not bad input."""
+    found = metric(name)
+    if found is None:
+        raise KeyError(f"no metric {name!r} in the registry")
+    return found
+
+
 # A golden row of a run or reference record holds these, in this order (effects: rows with a control).
 RUN_GOLDEN_METRICS: tuple[str, ...] = tuple(
     m.name for m in METRICS if m.golden and m.scope in ("headline", "count")
@@ -428,9 +441,13 @@ def default_tolerance_policy(kind: str, effects: bool = False) -> dict[str, dict
     rules, which then judge the control row only, are the looser control tolerances."""
     if kind not in RUN_KINDS:
         return {"*": EXACT.as_dict()}
-    policy = {name: metric(name).tolerance.as_dict() for name in EFFECT_METRICS} if effects else {}
+    policy = (
+        {name: declared_metric(name).tolerance.as_dict() for name in EFFECT_METRICS}
+        if effects
+        else {}
+    )
     for name in RUN_GOLDEN_METRICS:
-        found = metric(name)
+        found = declared_metric(name)
         rule = (
             found.control_tolerance
             if effects and found.control_tolerance is not None

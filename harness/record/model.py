@@ -261,7 +261,7 @@ class Headline:
 
     values: dict[str, Number | None]
     peak_rank: int | None
-    peak_scope: str  # one of harness.record.schema.PEAK_SCOPES, or unreported
+    peak_scope: str  # one of harness.record.vocabulary.PeakScope
 
     def __getitem__(self, name: str) -> Number | None:
         return self.values.get(name)

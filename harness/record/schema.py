@@ -14,27 +14,17 @@ from typing import Any
 
 from harness.errors import UsageError
 from harness.record.metrics import metrics_in
+from harness.record.vocabulary import KIND_VALUES, PEAK_SCOPE_VALUES, PHASE_VALUES, STATUS_VALUES
 
 SCHEMA = "recompute-harness/run-record"
 SCHEMA_VERSION = 1
 
-KINDS = ("run", "cpu-probe", "reference")
+# The closed sets, declared once (harness.record.vocabulary); PHASES in the order a step reaches them.
+KINDS = KIND_VALUES
 BACKENDS = ("bridge", "mcore", "cpu-probe")
-STATUSES = ("completed", "oom", "hang", "nan", "crash", "advanced-but-failed", "interrupted")
-# Listed in the order a training step reaches them: the order ranks how far a failed run got.
-# ``cuda-graph-capture``: Bridge captures TE CUDA graphs between two steps (after
-# ``cuda_graph_warmup_steps``), reported as the start of the step that first replays them.
-PHASES = (
-    "model-build",
-    "cuda-graph-capture",
-    "forward",
-    "backward",
-    "grad-sync",
-    "optimizer-init",
-    "optimizer-step",
-)
-# Whose peak the headline is: the hottest rank, rank 0, the hottest data-parallel rank-0 rank, or none.
-PEAK_SCOPES = ("all-ranks", "rank0", "dp-rank0", "unreported")
+STATUSES = STATUS_VALUES
+PHASES = PHASE_VALUES
+PEAK_SCOPES = PEAK_SCOPE_VALUES
 PARALLELISM_KEYS = ("tp", "pp", "cp", "ep", "dp", "expert_dp", "vpp")
 RECOMPUTE_KEYS = (
     "recompute_granularity",

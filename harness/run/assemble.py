@@ -30,6 +30,7 @@ from harness.record.build import (
     run_metrics,
     workload,
 )
+from harness.record.model import IterationRow, RankPeaks, Record
 from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
 from harness.run.recipes import Recipe
@@ -55,7 +56,7 @@ def tflops_per_gpu(
     return flops / (step_time_ms / 1000.0) / world_size / 1e12
 
 
-def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, Any]]:
+def _iterations(ranks: list[RankEvidence], world_size: int) -> list[IterationRow]:
     by_iteration: dict[int, list[dict[str, Any]]] = {}
     for rank in ranks:
         for event in rank.iterations:
@@ -91,7 +92,7 @@ def _iterations(ranks: list[RankEvidence], world_size: int) -> list[dict[str, An
     return rows
 
 
-def _rank_peaks(ranks: list[RankEvidence]) -> list[dict[str, Any]]:
+def _rank_peaks(ranks: list[RankEvidence]) -> list[RankPeaks]:
     """Every rank that reported a peak, every iteration it reported (none is dropped or merged)."""
     result = []
     for rank in ranks:
@@ -130,7 +131,7 @@ def build_record(
     *,
     revisions: dict[str, Any] | None = None,
     provenance: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Record:
     named = next((rank for rank in ranks if rank.device_name is not None), None)
     on_gpu = recipe.device == "cuda"
     if not on_gpu:
@@ -138,6 +139,7 @@ def build_record(
     elif named is None:  # no rank got as far as naming its GPU (e.g. killed while importing)
         profile, sm = "unidentified", None
     else:
+        assert named.device_name is not None  # chosen above for naming it
         profile, sm = device_profile(named.device_name), named.sm
     extra = {
         "nnodes": str(recipe.nnodes),

@@ -277,7 +277,7 @@ def _dispatcher_fallback(cfg: Any) -> str | None:
         "deepep": fused_a2a.HAVE_DEEP_EP,
         "hybridep": fused_a2a.HAVE_HYBRIDEP,
         "ncclep": fused_a2a.HAVE_TE_EP,
-    }.get(backend, True)
+    }.get(backend or "", True)  # another backend, or none named: nothing to check
     if available:
         return None
     cfg.model.moe_token_dispatcher_type = "alltoall"

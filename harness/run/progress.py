@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Self
 
 from rich.console import Console
@@ -150,9 +151,14 @@ class LiveProgress:
             self.live.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         if self.live is not None:
-            self.live.__exit__(*exc)
+            self.live.__exit__(exc_type, exc, traceback)
 
     def row_started(self, row: str) -> None:
         self.lines[row][1] = "running"

@@ -29,6 +29,7 @@ from harness.errors import UsageError
 from harness.files import ensure_dir, write_json_atomic
 from harness.processes import exit_cause, exit_if_stopped
 from harness.record.io import write_record, write_sweep_plan
+from harness.record.model import Record
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, against_control, classify
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
@@ -49,7 +50,7 @@ class RowResult:
     row: str
     row_dir: Path
     record_path: Path
-    record: dict[str, Any]
+    record: Record
     outcome: Classification
     launch: LaunchResult
 
@@ -303,7 +304,7 @@ def _record_interrupted(
     row_dir: Path,
     record_path: Path,
     directory: Path,
-    stop: BaseException,
+    stop: KeyboardInterrupt | SystemExit,
     provenance: dict[str, Any],
 ) -> None:
     """The row the runner was stopped in gets its record (``interrupted``, where the ranks were), and

@@ -36,6 +36,8 @@ JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
 TORCHRUN_DIR = "torchrun"
 POLL_S = 0.5
 TERM_GRACE_S = 10.0
+# How long the sweep waits for the workers it SIGKILLed to be gone (their exit is not instant).
+SWEEP_WAIT_S = 10.0
 
 
 @dataclass
@@ -158,13 +160,18 @@ def _stop(procs: list[subprocess.Popen], token: str, grace_s: float = TERM_GRACE
 
 
 def _sweep(token: str) -> list[int]:
-    """Workers run in sessions of their own: kill, by pid, any that outlived torchrun."""
+    """Workers run in sessions of their own: kill, by pid, any that outlived torchrun, and wait until
+    they are gone (bounded): a SIGKILLed rank tearing down a large address space stays listed for a
+    while on a loaded machine, and the row is over only once none runs."""
     leftovers = processes_with_token(token)
     for pid in leftovers:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline = time.monotonic() + SWEEP_WAIT_S
+    while leftovers and processes_with_token(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return leftovers
 
 

@@ -5,6 +5,7 @@ mamba-ssm, Megatron Bridge)."""
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import pytest
 
@@ -49,7 +50,7 @@ def missing(
     return None
 
 
-def require(**needs: bool | int | str) -> None:
+def require(**needs: Any) -> None:
     """Skip the calling test, with the reason, unless the machine has everything in ``needs``."""
     reason = missing(**needs)
     if reason is not None:

@@ -28,6 +28,7 @@ def copy_sources(root: Path, target: Path) -> None:
 def mcore_checkout(tmp_path: Path) -> Path:
     """``tmp_path/Megatron-LM``: a git repository at one commit, ``megatron/core`` holding the sources."""
     root = megatron_core_root()
+    assert root is not None, "megatron.core is not importable"
     repo = tmp_path / "Megatron-LM"
     core = repo / "megatron" / "core"
     copy_sources(root, core)

@@ -85,3 +85,18 @@ def test_no_two_classes_share_a_name():
             if isinstance(node, ast.ClassDef):
                 assert node.name not in seen, f"class {node.name} in {module} and {seen[node.name]}"
                 seen[node.name] = module
+
+
+def test_no_command_imports_another_command():
+    # Commands parse, call the domain and print; what two commands share lives in the domain (or,
+    # for argparse options, in harness.commands.options, which is no command).
+    graph = _imports(_modules())
+    commands = {name for name in graph if name.startswith("harness.commands.")}
+    shared = {"harness.commands.options"}
+    crossing = {
+        (name, target)
+        for name in commands - shared
+        for target in graph[name]
+        if target in commands - shared
+    }
+    assert crossing == set()

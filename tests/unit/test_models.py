@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -52,10 +54,15 @@ def test_sizes_are_overridable(cpu_group):
 
 
 @pytest.mark.parametrize(
-    "sizes", [{"seq_length": 0}, {"micro_batch_size": -2}, {"seq_length": 2.5}]
+    "sizes, problem",
+    [
+        ({"seq_length": 0}, "seq_length must be an integer in [1, 1048576], got 0"),
+        ({"micro_batch_size": -2}, "micro_batch_size must be an integer in [1, 1048576], got -2"),
+        ({"seq_length": 2.5}, "seq_length must be an integer in [1, 1048576], got 2.5"),
+    ],
 )
-def test_nonsense_sizes_are_usage_errors(sizes):
-    with pytest.raises(UsageError):
+def test_nonsense_sizes_are_usage_errors(sizes, problem):
+    with pytest.raises(UsageError, match=re.escape(problem)):
         build_model("dense-tiny", RecomputeFields.selective(), **sizes)
 
 

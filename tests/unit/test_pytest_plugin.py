@@ -11,6 +11,7 @@ import pytest
 from record_samples import REVISIONS, run_record, write_records
 
 FOREIGN_TEST = """
+import json
 import os
 import pytest
 
@@ -18,6 +19,13 @@ import pytest
 @pytest.mark.slow
 def test_records_match_their_golden(recompute_golden):
     recompute_golden.check(os.environ["RECORDS"].split(","))
+
+def test_parsed_records_match_their_golden(recompute_golden):
+    parsed = []
+    for path in os.environ["RECORDS"].split(","):
+        with open(path) as file:
+            parsed.append(json.load(file))
+    recompute_golden.check(parsed)
 """
 
 
@@ -73,12 +81,17 @@ def test_a_foreign_project_regenerates_then_judges_with_the_plugin(tmp_path):
 
     judged, junit = _pytest(project, good, "--recompute-golden-dir", str(golden))
     assert judged.returncode == 0, judged.stdout + judged.stderr
-    properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
-    assert properties["golden.[].step_time_ms"].startswith("pass: golden=400.00 actual=400.00")
+    assert "2 passed" in judged.stdout and "warning" not in judged.stdout, judged.stdout
+    # The default junit_family (xunit2): each test's properties, without pytest's record_property warning.
+    cases = {case.get("name"): case for case in ET.parse(junit).iter("testcase")}
+    for name in ("test_records_match_their_golden", "test_parsed_records_match_their_golden"):
+        properties = {p.get("name"): p.get("value") for p in cases[name].iter("property")}
+        assert properties["golden.[].step_time_ms"].startswith("pass: golden=400.00 actual=400.00")
 
     slower = write_records(tmp_path / "slow", run_record(step_ms=500.0), run_record("core_attn"))
     failed, _ = _pytest(project, slower, "--recompute-golden-dir", str(golden))
-    assert failed.returncode == 1 and "FAIL: regressed" in failed.stdout, failed.stdout
+    assert failed.returncode == 1 and "2 failed" in failed.stdout, failed.stdout
+    assert "FAIL: regressed" in failed.stdout
 
 
 @pytest.mark.slow
@@ -88,13 +101,14 @@ def test_records_of_other_pins_fail_naming_the_missing_golden(tmp_path):
     (project / "test_recompute.py").write_text(FOREIGN_TEST)
     bumped = run_record(revisions=REVISIONS | {"torch": "2.15.0"})
     golden = tmp_path / "goldens"
-    _pytest(
+    regen, _ = _pytest(
         project,
         write_records(tmp_path / "old", run_record()),
         "--recompute-golden-dir",
         str(golden),
         "--recompute-regen",
     )
+    assert regen.returncode == 1 and f"--recompute-regen: wrote {golden}" in regen.stdout
     judged, _ = _pytest(
         project, write_records(tmp_path / "new", bumped), "--recompute-golden-dir", str(golden)
     )

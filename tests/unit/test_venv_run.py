@@ -4,6 +4,7 @@ too full for it is one line, exit 2, before anything is created."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -91,3 +92,32 @@ def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_not
     assert len(refusal) == 1 and "needs about 7 GiB free" in refusal[0], result.stderr
     assert int(re.search(r"which has (\d+) MiB", refusal[0]).group(1)) <= 32
     assert ".venv" not in lines[lines.index("rc=2") + 1 :]  # nothing created on the full disk
+
+
+def test_tests_without_venv_run_use_its_torch_extensions_dir():
+    # venv-run pre-builds share_storage_ext in $venv/torch-extensions; the tests' conftest must name the
+    # same folder when pytest starts without venv-run (no TORCH_EXTENSIONS_DIR in the environment).
+    assert (
+        'TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$venv/torch-extensions}"'
+        in (ROOT / "venv-run").read_text()
+    )
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("not in a venv (RECOMPUTE_HARNESS_PYTHON): torch's own default applies")
+    env = {key: value for key, value in os.environ.items() if key != "TORCH_EXTENSIONS_DIR"}
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import os, runpy, sys; runpy.run_path(sys.argv[1]); "
+                "print(os.environ['TORCH_EXTENSIONS_DIR'])"
+            ),
+            str(ROOT / "tests" / "conftest.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert shown.stdout.strip() == str(Path(sys.prefix) / "torch-extensions")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
+import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -13,12 +14,16 @@ WORKFLOWS = ROOT / ".github" / "workflows"
 
 
 def test_workflows_pass_actionlint():
-    actionlint = shutil.which("actionlint")
-    assert actionlint, (
-        "actionlint is part of the test extra (ci/constraints-cpu.txt): reinstall with ./venv-run"
+    # The binary beside this interpreter (the test extra's wheel installs it into the venv's bin/), not
+    # PATH's: a bare `.venv/bin/pytest` or an IDE run has no venv on PATH. sys.executable unresolved:
+    # a venv's python is a symlink to its base interpreter.
+    actionlint = Path(sys.executable).parent / "actionlint"
+    assert actionlint.is_file(), (
+        f"no {actionlint}: actionlint is part of the test extra (ci/constraints-cpu.txt); "
+        "reinstall with ./venv-run"
     )
     result = subprocess.run(
-        [actionlint, "-color=false"],
+        [str(actionlint), "-color=false"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,3 +45,14 @@ def test_the_cpu_workflow_runs_the_readme_commands():
         "nightly-gpu.yml",
         "golden-refresh.yml",
     }
+
+
+def test_the_cpu_workflow_runs_every_step_of_ci_run():
+    # .ci/run names each step as `step "NAME" COMMAND`; the workflow runs each COMMAND (pytest may add
+    # a report option), so a step added to one and not the other fails here.
+    ci_steps = re.findall(r'^step "[^"]+" (.+)$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    assert len(ci_steps) == 5, ci_steps  # ruff check, ruff format, mypy, tests, rehearsal
+    steps = yaml.safe_load((WORKFLOWS / "cpu.yml").read_text())["jobs"]["cpu-tier"]["steps"]
+    commands = [step["run"] for step in steps if "run" in step]
+    missing = [c for c in ci_steps if not any(run.startswith(c) for run in commands)]
+    assert missing == []

@@ -62,7 +62,7 @@ def test_full_with_labels_says_they_are_superseded(capsys):
 
 
 def test_set_coerces_by_field_type(capsys):
-    code, out, _ = _run(
+    code, out, err = _run(
         capsys,
         "--granularity",
         "selective",
@@ -84,7 +84,20 @@ def test_set_coerces_by_field_type(capsys):
         "moe_layer_freq=1",
         "--json",
     )
-    assert code == 0, out
+    # Accepted, not exit 2: every value reached TransformerConfig as its field's type (a "true" left a
+    # string, or "2" for a PP size, would be refused with a reason on stderr instead).
+    assert code == 0 and "recompute-harness: error" not in err, err
+    assert json.loads(out) == {
+        "accepted": True,
+        "rule": None,
+        "message": None,
+        "effective": {
+            "recompute_granularity": "selective",
+            "recompute_modules": ["moe_act"],
+            "recompute_method": None,
+            "recompute_num_layers": None,
+        },
+    }
     code, out, _ = _run(
         capsys,
         "--granularity",

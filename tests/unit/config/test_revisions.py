@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import platform
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -123,10 +126,24 @@ def test_vcs_commit_comes_from_pep_610_direct_url(tmp_path):
 
 
 def test_revisions_command_prints_the_block_as_json(capsys):
+    import megatron.core.package_info
+    import torch
+
     assert main(["revisions", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == collect_revisions()
+    block = json.loads(capsys.readouterr().out)
+    # Each value as the package itself states it, read here without the harness.
+    assert block["torch"] == torch.__version__.split("+")[0]
+    assert block["python"] == platform.python_version()
+    assert block["megatron_core"]["version"] == megatron.core.package_info.__shortversion__
+    for key, module in (
+        ("megatron_bridge", "megatron.bridge"),
+        ("transformer_engine", "transformer_engine"),
+    ):
+        assert (block[key] is None) == (importlib.util.find_spec(module) is None)
+    fingerprint = block["megatron_core"]["fingerprint"]
+    assert re.fullmatch("[0-9a-f]{16}", fingerprint), fingerprint
     assert main(["revisions"]) == 0
-    assert "fingerprint=" in capsys.readouterr().out
+    assert f"fingerprint={fingerprint}" in capsys.readouterr().out
 
 
 def _harness(repo: Path, *argv: str) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ real layers built on CPU."""
 from __future__ import annotations
 
 import signal
+import time
 
 import pytest
 
@@ -194,8 +195,16 @@ def test_full_num_layers_zero_is_a_no_op_with_block_and_a_hang_with_uniform(buil
 
     block = build_model("dense-tiny", RecomputeFields.full("block", 0))
     uniform = build_model("dense-tiny", RecomputeFields.full("uniform", 0))
-    assert _trains_within(block, 5.0)
-    assert not _trains_within(uniform, 2.0), "full uniform with recompute_num_layers=0 returned"
+    # The bound only keeps a regression from hanging the tier: returning at all is the no-op.
+    started = time.monotonic()
+    assert _trains_within(block, 300.0)
+    step_s = time.monotonic() - started
+    # Uniform's layer loop never advances (it steps by recompute_num_layers=0). Twenty times the step
+    # block just took, on this machine at its present load, is far past when a step that ends would.
+    window_s = max(2.0, 20 * step_s)
+    assert not _trains_within(uniform, window_s), (
+        f"full uniform with recompute_num_layers=0 returned within {window_s:.1f} s"
+    )
 
 
 def test_mlp_label_switches_only_dense_layers(build):

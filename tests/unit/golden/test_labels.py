@@ -7,7 +7,9 @@ import json
 import pytest
 
 from harness.errors import UsageError
-from harness.golden.labels import REFRESH_COMMAND, manifest_problem, write_manifest
+from harness.files import write_json_atomic
+from harness.golden.labels import REFRESH_COMMAND, load_manifest, manifest_problem, write_manifest
+from harness.golden.store import CHECKOUT_ROOT
 
 
 def test_labels_match_the_manifest_pinned_for_this_megatron_core():
@@ -65,3 +67,31 @@ def test_corrupt_manifest_is_a_usage_error(tmp_path):
 
 def test_manifest_lives_under_the_roots_labels_directory(tmp_path):
     assert write_manifest(tmp_path)[0].parent == tmp_path / "labels"
+
+
+def test_the_committed_manifest_loads_as_a_typed_manifest_and_writes_back_byte_for_byte(tmp_path):
+    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
+    manifest = load_manifest(committed)
+    assert manifest.fingerprint == committed.stem and "core_attn" in manifest.labels
+    copy = tmp_path / committed.name
+    write_json_atomic(copy, manifest.to_json())
+    assert copy.read_bytes() == committed.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("edit", "refusal"),
+    [
+        (lambda m: m.pop("written_by"), r"expected the keys created, fingerprint, labels, "),
+        (lambda m: m.update(labels="core_attn"), r"labels a list of strings$"),
+        (lambda m: m.update(schema_version=2), r"unknown label manifest schema version 2; "),
+    ],
+)
+def test_a_manifest_of_another_shape_is_refused_in_one_line(tmp_path, edit, refusal):
+    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
+    data = json.loads(committed.read_text())
+    edit(data)
+    path = tmp_path / committed.name
+    path.write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=refusal) as refused:
+        load_manifest(path)
+    assert "\n" not in str(refused.value)

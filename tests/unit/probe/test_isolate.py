@@ -17,7 +17,9 @@ import pytest
 from harness.config.fields import RecomputeFields
 from harness.probe.isolate import IsolatedProbe
 from harness.probe.plan import ProbeRow
-from harness.processes import processes_with_env
+from harness.processes import libc_prctl, processes_with_env
+
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 def test_selective_mlp_with_biases_is_reported_as_hang():
@@ -107,6 +109,30 @@ def test_a_sigtermed_probe_unwinds_and_takes_its_isolated_child_with_it():
             os.kill(pid, signal.SIGKILL)
 
 
+@contextlib.contextmanager
+def _adopting_orphans():
+    """Make this process the subreaper of its descendants: an orphaned grandchild becomes our child,
+    so its exit status (how it died, not only when) can be read with waitpid."""
+    prctl = libc_prctl()
+    assert prctl is not None, "the parent-death signal under test is Linux prctl"
+    assert prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield
+    finally:
+        prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def _exit_status(pid: int, timeout_s: float) -> int | None:
+    """``pid``'s wait status once it has ended (it must be our child), None if it is still running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+        if reaped == pid:
+            return status
+        time.sleep(0.05)
+    return None
+
+
 def test_a_sigkilled_parents_isolated_child_dies_with_it():
     # A parent that only starts the child (no torch of its own) and is then SIGKILLed: no clean-up runs.
     marker = uuid.uuid4().hex
@@ -116,20 +142,28 @@ def test_a_sigkilled_parents_isolated_child_dies_with_it():
         "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300)\n"
         "time.sleep(300)\n"
     )
-    parent = subprocess.Popen(
-        [sys.executable, "-c", script],
-        env={**os.environ, MARKER_ENV: marker},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _watch(parent, marker)
-        parent.kill()
-        parent.wait(timeout=10)
-        # The parent-death signal ends the child at once. Within 2 s, because an orphan would also die later
-        # of its own accord, of a broken pipe, once its ~4 s set-up printed READY.
-        assert _wait_for(lambda: not _isolated_children(marker), 2), _isolated_children(marker)
-    finally:
-        for pid in _isolated_children(marker):
-            os.kill(pid, signal.SIGKILL)
+    with _adopting_orphans():
+        parent = subprocess.Popen(
+            [sys.executable, "-c", script],
+            env={**os.environ, MARKER_ENV: marker},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            _watch(parent, marker)
+            (child,) = _isolated_children(marker)
+            parent.kill()
+            parent.wait(timeout=10)
+            # The orphan is now ours: how it ended says what ended it, however loaded the machine.
+            # SIGKILL is the parent-death signal; an orphan that outlived its parent would end later of
+            # a broken pipe once its set-up printed READY (an exit status), or of its 300 s lifetime.
+            status = _exit_status(child, timeout_s=120)
+            assert status is not None, "the orphaned child still runs 120 s after its parent died"
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+                f"the child ended with wait status {status:#x}, not by the parent-death SIGKILL"
+            )
+        finally:
+            parent.kill()
+            for pid in _isolated_children(marker):
+                os.kill(pid, signal.SIGKILL)

@@ -8,16 +8,18 @@ re-stored) must reproduce the ``layernorm`` row's gradients bit for bit.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
+from harness.estimate.estimate import EstimateRow
 from harness.models import build_model
 from harness.probe.measure import measure
-from harness.probe.runner import single_thread
-from harness.probe.status import compare_numerics, sum_order_reason
+from harness.probe.runner import ProbeRowResult, single_thread
+from harness.probe.status import MeasuredRow, compare_numerics, sum_order_reason
 
 
 class _NestedBackward(torch.autograd.Function):
@@ -75,3 +77,48 @@ def test_layernorm_row_differs_from_control_only_by_the_nested_backward_sum():
     assert compare_numerics(*layernorm, *nested).bitwise
     assert "CheckpointWithoutOutput" in sum_order_reason(layernorm_fields.modules, versus_control)
     assert sum_order_reason(("core_attn",), versus_control) == ""
+
+
+def test_probe_and_estimate_rows_share_one_verdict_type_and_keep_their_json_key_order():
+    # `probe --json` and `estimate --json` print these dicts: their key order is part of the output.
+    probe_row = ProbeRowResult(
+        "core_attn",
+        "effective",
+        retained_bytes=10,
+        fields=RecomputeFields.parse("core_attn"),
+        add_bias_linear=False,
+    )
+    estimate_row = EstimateRow("core_attn", "effective", retained_bytes=10, saving_bytes=2)
+    assert isinstance(probe_row, MeasuredRow) and isinstance(estimate_row, MeasuredRow)
+    assert list(probe_row.as_dict()) == [
+        "label",
+        "fields",
+        "add_bias_linear",
+        "status",
+        "reason",
+        "rule",
+        "retained_bytes",
+        "backward_flops",
+        "replay_bytes",
+        "replay_ops",
+        "equivalence",
+        "dropout_equivalence",
+        "attribution",
+        "carried_bytes",
+        "carried_attribution",
+        "carried_holders",
+    ]
+    assert ProbeRowResult.from_dict(probe_row.as_dict()) == probe_row
+    assert list(asdict(estimate_row)) == [
+        "label",
+        "status",
+        "reason",
+        "rule",
+        "retained_bytes",
+        "saving_bytes",
+        "saving_pct",
+        "partial_saving_bytes",
+        "per_kind",
+        "removed",
+        "attribution",
+    ]

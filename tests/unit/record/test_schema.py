@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 from record_samples import run_json, run_record
@@ -15,6 +17,7 @@ from harness.files import write_json_atomic
 from harness.record.build import iteration_row, rank_peaks, run_metrics
 from harness.record.io import load_records, write_record
 from harness.record.schema import SCHEMA_VERSION, validate_record
+from harness.record.vocabulary import PeakScope, RecordKind, RunStatus, StepPhase
 
 
 def test_constructor_computes_headline_from_hottest_rank_after_iteration_2():
@@ -171,3 +174,24 @@ def test_created_must_be_iso_8601():
     record["created"] = "yesterday"
     with pytest.raises(UsageError, match="ISO-8601"):
         validate_record(record)
+
+
+def _documented_values(key: str) -> list[str]:
+    """The alternatives docs/run-record.md's record example gives for ``"key":`` (continuation lines
+    that start with ``|`` included), in order, without ``null``."""
+    lines = (Path(__file__).parents[3] / "docs" / "run-record.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if f'"{key}": "' in line)
+    text = lines[start].split(f'"{key}":', 1)[1]
+    for line in lines[start + 1 :]:
+        if not line.strip().startswith("|"):
+            break
+        text += line
+    return re.findall(r'"([^"]+)"', text.split("//")[0].split("],")[0].split("},")[0])
+
+
+@pytest.mark.parametrize(
+    ("key", "enum"),
+    [("kind", RecordKind), ("status", RunStatus), ("phase", StepPhase), ("peak_scope", PeakScope)],
+)
+def test_the_documented_closed_sets_are_the_declared_ones_in_order(key, enum):
+    assert _documented_values(key) == [member.value for member in enum]

@@ -8,7 +8,9 @@ from harness.run.events import EventWriter, read_row
 from harness.run.torchrun import LaunchResult
 
 
-def _evidence(row_dir, world: int, *, finished: set[int], peer_loss: set[int] = frozenset()):
+def _evidence(
+    row_dir, world: int, *, finished: set[int], peer_loss: frozenset[int] | set[int] = frozenset()
+):
     for rank in range(world):
         events = EventWriter(row_dir, rank)
         events.emit("start", rank=rank, world_size=world, pid=1, host="h", device="cpu")

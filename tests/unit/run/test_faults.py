@@ -29,9 +29,14 @@ def test_injected_fault_is_classified_with_its_stage(
     tmp_path, spec, status, iteration, phase, rank
 ):
     recipe = load_recipe("cpu-moonlight-ep2")
-    # 3 s without progress once every rank trains: only the hang case waits for it.
+    # The stall window is how long the runner waits with no rank reporting progress (each phase of
+    # each iteration is a report). The OOM and NaN rows end at their fault and never wait for it: a
+    # short window there could only call a slow phase on a loaded machine a hang, so theirs is large.
+    # The hang row waits it out once both ranks sit in the hung collective; 10 s is far more than one
+    # phase of this tiny model takes under load, at 10 s of the tier's time.
+    stall_timeout_s = 10 if status == "hang" else 300
     directory, (result,) = run_sweep(
-        recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=3
+        recipe, tmp_path, rows=[], faults=[parse_fault(spec)], stall_timeout_s=stall_timeout_s
     )
     outcome = result.outcome
     assert (outcome.status, outcome.iteration, outcome.phase) == (status, iteration, phase), (

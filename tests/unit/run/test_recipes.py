@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 
 import pytest
@@ -186,9 +187,18 @@ def test_row_names_round_trip(name, fields):
     assert fields.name == name
 
 
-@pytest.mark.parametrize("name", ["", "a++b", "full-uniform", "full--x", " moe"])
-def test_bad_row_names(name):
-    with pytest.raises(UsageError):
+@pytest.mark.parametrize(
+    "name, problem",
+    [
+        ("", "expected [] or labels joined by '+'"),
+        ("a++b", "expected [] or labels joined by '+'"),
+        (" moe", "(non-empty, no spaces)"),
+        ("full-uniform", "full rows are spelled full-<method>-<layers>"),
+        ("full--x", "full rows are spelled full-<method>-<layers>"),
+    ],
+)
+def test_bad_row_names(name, problem):
+    with pytest.raises(UsageError, match=re.escape(f"row {name!r}: ") + ".*" + re.escape(problem)):
         RecomputeFields.parse(name)
 
 
@@ -368,43 +378,33 @@ def test_slurm_script_names_chosen_rows_so_run_parses_them_back(tmp_path):
         assert sweep_rows(recipe, args.rows) == rows
 
 
-def test_cli_refuses_bad_input_before_launching(tmp_path, capsys):
-    assert main(["run", "--recipe", "nope", "--out", str(tmp_path)]) == 2
-    assert (
-        main(
-            [
-                "run",
-                "--recipe",
-                "cpu-moonlight-ep2",
-                "--nproc-per-node",
-                "3",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 2
-    )
-    assert (
-        main(
-            [
-                "run",
-                "--recipe",
-                "cpu-moonlight-ep2",
-                "--inject-fault",
-                "oom:rank=7",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 2
-    )
-    assert main(["launch", "--slurm", "--recipe", "cpu-moonlight-ep2", "--out", str(tmp_path)]) == 2
+@pytest.mark.parametrize(
+    "argv, reason",
+    [
+        (["run", "--recipe", "nope"], "unknown recipe 'nope' (known: cpu-moonlight-ep2, "),
+        (
+            ["run", "--recipe", "cpu-moonlight-ep2", "--nproc-per-node", "3"],
+            "recipe 'cpu-moonlight-ep2': expert layout ETP1 x EP2 x PP1 = 2 does not divide 3 ranks",
+        ),
+        (
+            ["run", "--recipe", "cpu-moonlight-ep2", "--inject-fault", "oom:rank=7"],
+            "fault 'oom:iteration=1,phase=forward,rank=7': rank 7 is outside the 2-rank world",
+        ),
+        (
+            ["launch", "--slurm", "--recipe", "cpu-moonlight-ep2"],
+            "recipe 'cpu-moonlight-ep2' runs on cpu: slurm launch is for GPU recipes",
+        ),
+    ],
+)
+def test_cli_refuses_bad_input_before_launching(tmp_path, capsys, argv, reason):
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    # One line, with its reason (torch's import-time warnings may share stderr).
     errors = [
         line
         for line in capsys.readouterr().err.splitlines()
         if line.startswith("recompute-harness: error: ")
     ]
-    assert len(errors) == 4  # one line each (torch's import-time warnings may share stderr)
+    assert len(errors) == 1 and reason in errors[0], errors
     assert list(tmp_path.iterdir()) == []  # nothing launched, nothing written
 
 

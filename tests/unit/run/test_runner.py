@@ -5,7 +5,6 @@ localhost. Fault-injection runs live in test_faults.py."""
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 
@@ -16,6 +15,7 @@ from harness.errors import UsageError
 from harness.golden.format import golden_from_records
 from harness.golden.judge import compare_records
 from harness.record.io import load_records
+from harness.report.sweep import sweep_report, sweep_report_json
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 from harness.run.torchrun import processes_with_token
@@ -87,26 +87,21 @@ def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
     assert not compare_records(golden, [records[0], regressed], "golden.json").passed
 
 
-def test_the_report_comes_first_when_its_plot_cannot_be_drawn_or_written(
-    ep2_sweep, tmp_path, capsys
-):
-    from harness.commands.run import _report
-
+def test_the_report_keeps_a_plot_that_cannot_be_drawn_or_written_as_a_reason(ep2_sweep, tmp_path):
     _, _, results, _ = ep2_sweep
-    (
-        tmp_path / "analysis.png"
-    ).mkdir()  # a write that fails, as on a disk that filled as the sweep ended
-    with pytest.raises(UsageError, match="is a directory"):
-        _report(tmp_path, results, as_json=False)
-    out = capsys.readouterr().out
-    assert out.startswith(f"records: {tmp_path / 'records'}\n") and "| mla_up_proj |" in out
-    assert out.rstrip().endswith("plot: none (could not be written)")
-    _report(
-        tmp_path / "control-only", results[:1], as_json=True
-    )  # nothing to compare the control with
-    report = json.loads(capsys.readouterr().out)
-    assert report["plot"] is None and [row["row"] for row in report["rows"]] == ["[]"]
-    assert not (tmp_path / "control-only").exists()
+    # A write that fails, as on a disk that filled as the sweep ended: the analysis is still there,
+    # the failure is kept for the command to raise after printing it.
+    (tmp_path / "analysis.png").mkdir()
+    report = sweep_report(tmp_path, results)
+    assert report.plot is None and report.why_not == "could not be written"
+    assert isinstance(report.unwritten, UsageError) and "is a directory" in str(report.unwritten)
+    assert [row.label for row in report.analysis.rows] == ["[]", "mla_up_proj"]
+    # Nothing to compare the control with: no plot, no directory made for one.
+    control_only = sweep_report(tmp_path / "control-only", results[:1])
+    data = sweep_report_json(control_only)
+    assert data["plot"] is None and [row["row"] for row in data["rows"]] == ["[]"]
+    assert control_only.unwritten is None and not (tmp_path / "control-only").exists()
+    assert control_only.why_not == "only the [] control was measured: nothing to compare it with"
 
 
 def test_two_node_rendezvous_on_localhost(tmp_path):
