@@ -138,6 +138,13 @@ def baseline(
     return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
 
 
+def _failed_row(row: ProbeRow, exc: BaseException) -> ProbeRowResult:
+    status, reason = failure_status(exc)
+    return ProbeRowResult(
+        row.label, status, reason, fields=row.fields, add_bias_linear=row.add_bias_linear
+    )
+
+
 def measure_row(
     model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any
 ) -> ProbeRowResult:
@@ -165,12 +172,12 @@ def measure_row(
             add_bias_linear=row.add_bias_linear,
         )
     except Exception as exc:  # noqa: BLE001
-        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, *failure_status(exc))
+        return _failed_row(row, exc)
     built.module.load_state_dict(base.state)
     try:
         result = measure(built, seed=seed)
     except Exception as exc:  # noqa: BLE001
-        return ProbeRowResult(row.label, row.fields, row.add_bias_linear, *failure_status(exc))
+        return _failed_row(row, exc)
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
