@@ -36,6 +36,11 @@ class StyleModel:
     micro_batch_size: int = 2
     mla: bool = False
 
+    @property
+    def layers(self) -> int:
+        """Transformer layers (one pipeline stage: the probe runs PP 1)."""
+        return self.config_kwargs["num_layers"]
+
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -67,6 +72,21 @@ STYLE_MODELS: dict[str, StyleModel] = {
             config_kwargs={
                 **_COMMON,
                 "num_layers": 2,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": True,
+                "activation_func": torch.nn.functional.silu,
+            },
+        ),
+        StyleModel(
+            name="dense-deep",
+            description=(
+                "dense-tiny's layers, 4 deep: full recompute's uniform and block differ at "
+                "recompute_num_layers 1, 2 and 4, and 3 does not divide the layers"
+            ),
+            config_kwargs={
+                **_COMMON,
+                "num_layers": 4,
                 "ffn_hidden_size": 128,
                 "num_query_groups": 2,
                 "gated_linear_unit": True,

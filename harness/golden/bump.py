@@ -21,6 +21,7 @@ from harness.golden.labels import manifest_verdict, write_manifest
 from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
 from harness.models import STYLE_MODELS
+from harness.probe.plan import PRECISIONS
 from harness.probe.runner import probe_models
 from harness.probe.table import probe_table, unmeasured_table
 
@@ -99,7 +100,11 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
                 "(harness/cpu/self_check.py says what failed), then rerun ci/golden-refresh.sh"
             )
             return
-        probes = probe_models(list(STYLE_MODELS))
+        probes = [
+            probe
+            for precision in PRECISIONS
+            for probe in probe_models(list(STYLE_MODELS), precision=precision)
+        ]
         for result in probes:
             print(probe_table(result) + "\n")
         unmeasured = unmeasured_table(probes)

@@ -45,14 +45,26 @@ from harness.record.build import (
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
+
+
+def refresh_command(attention_backend: str = "unfused") -> str:
+    """The one command that rewrites every golden of an attention back end (every precision)."""
+    return REFRESH_COMMAND + (
+        "" if attention_backend == "unfused" else f" --attention-backend {attention_backend}"
+    )
+
+
 CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 
 
-def recipe_name(model: str, attention_backend: str = "unfused") -> str:
-    """``cpu-probe-<model>``; fused-attention probes are their own recipe (and golden):
-    ``cpu-probe-<model>-fused``. The unfused name is the historical one, so existing goldens load."""
-    return f"cpu-probe-{model}" + (
-        "" if attention_backend == "unfused" else f"-{attention_backend}"
+def recipe_name(model: str, attention_backend: str = "unfused", precision: str = "fp32") -> str:
+    """``cpu-probe-<model>``; fused-attention and bf16 probes are their own recipes (and goldens):
+    ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``. The
+    unfused fp32 name is the historical one, so existing goldens load."""
+    return (
+        f"cpu-probe-{model}"
+        + ("" if attention_backend == "unfused" else f"-{attention_backend}")
+        + ("" if precision == "fp32" else f"-{precision}")
     )
 
 
@@ -81,7 +93,7 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
-    recipe = recipe_name(probe.model, probe.attention_backend)
+    recipe = recipe_name(probe.model, probe.attention_backend, probe.precision)
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
@@ -95,7 +107,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     seq_length=probe.seq_length,
                     micro_batch_size=probe.micro_batch_size,
                     global_batch_size=probe.micro_batch_size,
-                    precision="fp32",
+                    precision=probe.precision,
                     attention_backend=RECORD_NAMES[probe.attention_backend],
                     train_iters=None,
                     parallelism=parallelism(),
@@ -138,7 +150,7 @@ def write_probe_golden(
         records,
         {
             "source": "cpu probe run",
-            "command": REFRESH_COMMAND,
+            "command": refresh_command(probe.attention_backend),
             "host": socket.gethostname(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "gpu": None,
@@ -281,7 +293,12 @@ def golden_step(
                 f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
             )
             problems += (
-                [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+                [
+                    "if the change is intended, refresh with: "
+                    + refresh_command(probe.attention_backend)
+                ]
+                if problems
+                else []
             )
         lines += [f"  {problem}" for problem in problems]
     return lines, written_paths, differs
