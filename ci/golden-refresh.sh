@@ -4,6 +4,9 @@
 #      Megatron Core first on PYTHONPATH / install it in your own environment;
 #   2. ci/golden-refresh.sh [--cpu-only] [RECIPE...]   (default recipes: the GPU ones this runner holds);
 #   3. review the printed diffs and the summary, commit tests/golden/ (new pins get new files; old stay).
+# ci/golden-refresh.sh --all-revisions: the label manifests and CPU goldens (both attention back ends)
+#   of every supported revision (tests/support/overlays.py REVISIONS: 0.18.2, 0.19.0, the venv's
+#   0.19.2, the development head from $MEGATRON_LM_GIT), each tree first on PYTHONPATH; nothing else.
 # Goldens are only ever written by the harness from fresh records, with their provenance. Writes are
 # idempotent: on an unchanged revision nothing under tests/golden/ changes, byte for byte.
 # Environment: RECOMPUTE_HARNESS_PYTHON=/path/to/python (or an activated virtualenv) runs the harness
@@ -14,11 +17,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 cpu_only=0
+all_revisions=0
 recipes=()
 for arg in "$@"; do
   case "$arg" in
     --cpu-only) cpu_only=1 ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    --all-revisions) all_revisions=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     -*) echo "golden-refresh: unknown option $arg" >&2; exit 2 ;;
     *) recipes+=("$arg") ;;
   esac
@@ -33,6 +38,29 @@ if [[ -z "$python" && -n "${CONDA_PREFIX:-}" ]]; then python="$CONDA_PREFIX/bin/
 harness() {
   if [[ -n "$python" ]]; then "$python" -m harness.cli "$@"; else ./venv-run recompute-harness "$@"; fi
 }
+
+if [[ $all_revisions -eq 1 ]]; then
+  # One probe pass per revision and back end, each in its own process with its tree first on
+  # PYTHONPATH (a Megatron Core is imported once per process). Any failure stops the refresh (exit 2).
+  py() { if [[ -n "$python" ]]; then "$python" "$@"; else ./venv-run python "$@"; fi; }
+  started=$SECONDS
+  out_file=$(mktemp) && trap 'rm -f "$out_file"' EXIT
+  revisions=$(py -c 'import sys; sys.path.insert(0, "tests/support"); import overlays; print(*overlays.REVISIONS)') || exit 2
+  for revision in $revisions; do
+    tree=$(py tests/support/overlays.py --path "$revision") || { echo "golden-refresh: no tree for $revision" >&2; exit 2; }
+    printf '\n== %s (%s)\n' "$revision" "${tree:-the venv}"
+    for command in "labels --write-manifest" "probe --all --write-golden" "probe --all --attention-backend fused --write-golden"; do
+      # shellcheck disable=SC2086  # the command's words
+      if ! PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" harness $command >"$out_file"; then
+        cat "$out_file"; echo "golden-refresh: $revision: $command failed" >&2; exit 2
+      fi
+      grep -E '(^| )(wrote|unchanged) ' "$out_file" || true
+    done
+  done
+  printf '\n== summary (%s s)\n' "$((SECONDS - started))"
+  git -C "$root" status --short -- tests/golden 2>/dev/null || true
+  exit 0
+fi
 
 refreshed=()
 left=()

@@ -47,6 +47,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "bump",
         "after a Megatron Core bump: label diff, matrix drift, CPU goldens (one process)",
     ),
+    "diff": (
+        "diff",
+        "what recompute does differently in two Megatron Core trees (labels, rules, probe values)",
+    ),
     "run": ("run", "run a recipe sweep with torchrun and write run records"),
     "launch": ("launch", "write a multi-node launch script (slurm)"),
 }

@@ -36,6 +36,11 @@ class StyleModel:
     micro_batch_size: int = 2
     mla: bool = False
 
+    @property
+    def layers(self) -> int:
+        """Transformer layers (one pipeline stage: the probe runs PP 1)."""
+        return self.config_kwargs["num_layers"]
+
 
 _COMMON: dict[str, Any] = {
     "hidden_size": 64,
@@ -67,6 +72,21 @@ STYLE_MODELS: dict[str, StyleModel] = {
             config_kwargs={
                 **_COMMON,
                 "num_layers": 2,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": True,
+                "activation_func": torch.nn.functional.silu,
+            },
+        ),
+        StyleModel(
+            name="dense-deep",
+            description=(
+                "dense-tiny's layers, 4 deep: full recompute's uniform and block differ at "
+                "recompute_num_layers 1, 2 and 4, and 3 does not divide the layers"
+            ),
+            config_kwargs={
+                **_COMMON,
+                "num_layers": 4,
                 "ffn_hidden_size": 128,
                 "num_query_groups": 2,
                 "gated_linear_unit": True,
@@ -256,10 +276,13 @@ def _fit_moe_metrics_tracker(num_layers: int) -> None:
     process (the probe, a test worker) would index past them. Such a tracker is dropped; one of the
     right size is kept, as a training process keeps it warm after its first step (so counts of replayed
     operators never depend on which model a process built before)."""
-    from megatron.core.transformer.moe.moe_logging import (
-        destroy_moe_metrics_tracker,
-        get_moe_metrics_tracker,
-    )
+    try:
+        from megatron.core.transformer.moe.moe_logging import (
+            destroy_moe_metrics_tracker,
+            get_moe_metrics_tracker,
+        )
+    except ImportError:  # trees before Megatron-LM #3431 (main of early 2026) keep no such tracker
+        return
 
     if any(
         entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()

@@ -46,11 +46,17 @@ def pytest_collection_modifyitems(config, items):
     # this order, so the 2 workers end together instead of one finishing a long sweep alone. A stable
     # sort: a module keeps its own order.
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-    if "rehearsal" in (config.getoption("markexpr") or ""):
-        return
-    skip = pytest.mark.skip(
-        reason="the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)"
-    )
-    for item in items:
-        if item.get_closest_marker("rehearsal") is not None:
-            item.add_marker(skip)
+    asked = config.getoption("markexpr") or ""
+    for marker, step in (
+        (
+            "rehearsal",
+            "the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)",
+        ),
+        ("revisions", "the revision rehearsal runs as its own step: pytest -m revisions (.ci/run)"),
+    ):
+        if marker in asked:
+            continue
+        skip = pytest.mark.skip(reason=step)
+        for item in items:
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)

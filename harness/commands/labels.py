@@ -9,7 +9,7 @@ from harness.commands.options import add_golden_dir
 from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK
-from harness.golden.labels import manifest_problem, write_manifest
+from harness.golden.labels import manifest_verdict, write_manifest
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{'wrote' if written else 'unchanged'} {path}")
         return EXIT_OK
     if args.check:
-        problem = manifest_problem(args.golden_dir)
-        print(problem or "recompute labels match the manifest")
-        return EXIT_FAILED if problem else EXIT_OK
+        line, changed = manifest_verdict(args.golden_dir)
+        print(line)
+        return EXIT_FAILED if changed else EXIT_OK
     labels = sorted(accepted_labels())
     if args.json:
         fingerprint = collect_revisions()["megatron_core"]["fingerprint"]

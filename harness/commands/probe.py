@@ -9,7 +9,7 @@ from harness.commands.options import add_golden_dir
 from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
-from harness.probe.plan import parse_label_sets
+from harness.probe.plan import PRECISIONS, parse_label_sets
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,9 +37,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "softmax statistics)",
     )
     parser.add_argument(
+        "--precision",
+        nargs="+",
+        choices=PRECISIONS,
+        default=list(PRECISIONS),
+        help="parameter and activation dtypes, one pass each (default: all: fp32, where the "
+        "bitwise verdicts are read, and bf16, the bytes the GPU recipes keep); each has its own "
+        "goldens",
+    )
+    parser.add_argument(
         "--attribution",
         action="store_true",
         help="also print retained and carried bytes per module",
+    )
+    parser.add_argument(
+        "--coverage",
+        action="store_true",
+        help="print, instead of the per-model tables, the configuration axes this run covered "
+        "(precision, attention back end, MoE dispatcher, TP/PP, method x num_layers, layer kinds), "
+        "where each was measured or why not, and per label the passes that measured it",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -86,20 +102,23 @@ def run(args: argparse.Namespace) -> int:
     # Measured start-up cost: harness.probe / harness.models / harness.golden.probe import torch and
     # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
     # revision's refusal never pay.
-    from harness.golden.probe import golden_step, refuse_unpinnable
+    from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, style_model
-    from harness.probe.runner import probe_models
+    from harness.probe.axes import coverage
+    from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
         attribution_table,
         carried_table,
+        coverage_table,
         peaks_table,
         probe_json,
         probe_table,
         unmeasured_table,
     )
 
+    drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
-        refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
+        drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
     if args.list:
         for style in STYLE_MODELS.values():
             print(f"{style.name:<16} {style.description}")
@@ -109,14 +128,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
     label_sets = parse_label_sets(args.modules) if args.modules else None
-    probes = probe_models(
-        names,
-        label_sets,
-        hang_timeout_s=args.hang_timeout,
-        attention_backend=args.attention_backend,
-        **sizes,
-    )
-    if args.json:
+    probes = [
+        probe
+        for precision in dict.fromkeys(args.precision)
+        for probe in probe_models(
+            names,
+            label_sets,
+            hang_timeout_s=args.hang_timeout,
+            attention_backend=args.attention_backend,
+            precision=precision,
+            **sizes,
+        )
+    ]
+    if args.coverage:
+        found = coverage(probes)
+        print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")
+        unmeasured = "" if args.json else unmeasured_table(probes)
+        if unmeasured:
+            print(unmeasured + "\n")
+    elif args.json:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:
         for probe in probes:
@@ -133,9 +163,16 @@ def run(args: argparse.Namespace) -> int:
         if unmeasured:
             print(unmeasured)
             print()
-    exit_code = EXIT_OK
+    errors = probe_errors(probes)
+    if errors:
+        print(f"{len(errors)} row(s) raised (status error; the rest was probed):")
+        print("\n".join(f"  {line}" for line in errors))
+    exit_code = EXIT_FAILED if errors else EXIT_OK
     if args.write_golden or args.check_golden:
-        lines, _, differs = golden_step(probes, write=args.write_golden, golden_dir=args.golden_dir)
-        print("\n".join(lines))
-        exit_code = EXIT_FAILED if differs and args.check_golden else EXIT_OK
+        lines, _, differs = golden_step(
+            probes, write=args.write_golden, golden_dir=args.golden_dir, adapter_drift=drift
+        )
+        print("\n".join(adapter_drift_lines(drift) + lines))
+        if differs and args.check_golden:
+            exit_code = EXIT_FAILED
     return exit_code

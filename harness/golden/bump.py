@@ -17,10 +17,11 @@ from pathlib import Path
 from harness.config.revisions import collect_revisions, megatron_core_identity
 from harness.cpu.adapter import drifted_objects
 from harness.errors import UsageError
-from harness.golden.labels import manifest_problem, write_manifest
-from harness.golden.probe import golden_step, refuse_unpinnable
+from harness.golden.labels import manifest_verdict, write_manifest
+from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
 from harness.models import STYLE_MODELS
+from harness.probe.plan import PRECISIONS
 from harness.probe.runner import probe_models
 from harness.probe.table import probe_table, unmeasured_table
 
@@ -73,8 +74,7 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
             print(f"note: {note}")
 
     def labels() -> None:
-        problem = manifest_problem(golden_dir)
-        print(problem or "recompute labels match the manifest")
+        print(manifest_verdict(golden_dir)[0])
         path, written = write_manifest(golden_dir)
         print(f"{'wrote' if written else 'unchanged'} {path}")
         summary.refreshed += [str(path)] if written else []
@@ -91,23 +91,29 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
 
     def probe_step() -> None:
         try:
-            refuse_unpinnable(write=True, golden_dir=golden_dir)
+            drift = refuse_unpinnable(write=True, golden_dir=golden_dir)
         except UsageError as exc:
             print(f"refused: {exc}")
             summary.left.append("CPU goldens: the probe refused to write (see above)")
             summary.next_steps.append(
-                "review each drifted object's upstream change, add its digest in "
-                "harness/cpu/adapter.py, then rerun ci/golden-refresh.sh"
+                "make the CPU adapter pass its self-check on this revision "
+                "(harness/cpu/self_check.py says what failed), then rerun ci/golden-refresh.sh"
             )
             return
-        probes = probe_models(list(STYLE_MODELS))
+        probes = [
+            probe
+            for precision in PRECISIONS
+            for probe in probe_models(list(STYLE_MODELS), precision=precision)
+        ]
         for result in probes:
             print(probe_table(result) + "\n")
         unmeasured = unmeasured_table(probes)
         if unmeasured:
             print(unmeasured + "\n")
-        lines, written, _ = golden_step(probes, write=True, golden_dir=golden_dir)
-        print("\n".join(lines))
+        lines, written, _ = golden_step(
+            probes, write=True, golden_dir=golden_dir, adapter_drift=drift
+        )
+        print("\n".join(adapter_drift_lines(drift) + lines))
         summary.refreshed += written
 
     _step(summary, "identity", identity)
@@ -117,7 +123,12 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
         drifted = drifted_objects()
         print(
             "\nCPU adapter: "
-            + (f"drifted in {', '.join(drifted)}" if drifted else "supports this revision")
+            + (
+                f"replaced objects changed since review: {', '.join(drifted)}"
+                if drifted
+                else "its replaced objects match their review"
+            )
+            + " (its self-check runs with the probe)"
         )
         summary.left.append("CPU goldens (--no-probe)")
     else:

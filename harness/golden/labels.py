@@ -116,10 +116,18 @@ def load_manifest(path: Path) -> LabelManifest:
 
 
 def manifest_problem(root: Path | None = None) -> str | None:
-    """Why the discovered labels do not match the pinned manifest; None when they do.
+    """Why the discovered labels do not match the pinned manifest; None when they do (or when a new
+    revision's labels equal the newest manifest's: same behaviour, ``manifest_verdict``)."""
+    line, changed = manifest_verdict(root)
+    return line if changed else None
+
+
+def manifest_verdict(root: Path | None = None) -> tuple[str, bool]:
+    """(one line, whether the labels changed) against the pinned manifest.
 
     Without a manifest for the installed fingerprint, the newest manifest on disk is the reference,
-    so an MCore bump that adds or removes labels reads as a label diff, not just a missing file.
+    so an MCore bump that adds or removes labels reads as a label diff, not just a missing file, and
+    one that keeps them reads as "same behaviour" (not changed).
     """
     fingerprint = collect_revisions()["megatron_core"]["fingerprint"]
     path = label_manifest_path(fingerprint, existing(golden_root(root)))
@@ -129,22 +137,26 @@ def manifest_problem(root: Path | None = None) -> str | None:
         reference = load_manifest(path)
         headline = f"recompute labels differ from the manifest {path.name}"
     else:
+        version = collect_revisions()["megatron_core"]["version"]
+        # The nearest revision first (same Megatron Core version), then the newest manifest.
         others = sorted(
             ((p, load_manifest(p)) for p in directory.glob("*.json")),
-            key=lambda item: item[1].created,
+            key=lambda item: (item[1].megatron_core["version"] == version, item[1].created),
         )
         if not others:
-            return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}"
+            return f"no label manifest in {directory}; write one with: {REFRESH_COMMAND}", True
         newest, reference = others[-1]
         headline = (
             f"no label manifest for Megatron Core fingerprint {fingerprint}; newest is {newest.name} "
             f"(megatron-core {reference.megatron_core['version']})"
         )
     pinned = set(reference.labels)
-    if path.is_file() and pinned == current:
-        return None
+    if pinned == current:
+        if path.is_file():
+            return "recompute labels match the manifest", False
+        return f"same behaviour: {headline}: labels unchanged", False
     added, removed = sorted(current - pinned), sorted(pinned - current)
     changes = [f"added: {', '.join(added)}"] if added else []
     changes += [f"removed: {', '.join(removed)}"] if removed else []
-    diff = "; ".join(changes) or "labels unchanged"
-    return f"{headline}: {diff}. Review the change, then refresh with: {REFRESH_COMMAND}"
+    diff = "; ".join(changes)
+    return f"{headline}: {diff}. Review the change, then refresh with: {REFRESH_COMMAND}", True

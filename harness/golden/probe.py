@@ -14,8 +14,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harness.cpu.adapter import require_supported_revision
 from harness.cpu.attention import RECORD_NAMES
+from harness.cpu.self_check import require_working_adapter
 from harness.errors import UsageError
 from harness.files import require_writable_dir
 from harness.golden.format import Golden, golden_from_records
@@ -33,7 +33,7 @@ from harness.golden.store import (
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries
 from harness.probe.peaks import PHASES
 from harness.probe.runner import ModelProbe, ProbeRowResult
-from harness.probe.status import Equivalence
+from harness.probe.status import ERROR, Equivalence
 from harness.record.build import (
     cpu_probe_metrics,
     hardware,
@@ -45,14 +45,26 @@ from harness.record.build import (
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
+
+
+def refresh_command(attention_backend: str = "unfused") -> str:
+    """The one command that rewrites every golden of an attention back end (every precision)."""
+    return REFRESH_COMMAND + (
+        "" if attention_backend == "unfused" else f" --attention-backend {attention_backend}"
+    )
+
+
 CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
 
 
-def recipe_name(model: str, attention_backend: str = "unfused") -> str:
-    """``cpu-probe-<model>``; fused-attention probes are their own recipe (and golden):
-    ``cpu-probe-<model>-fused``. The unfused name is the historical one, so existing goldens load."""
-    return f"cpu-probe-{model}" + (
-        "" if attention_backend == "unfused" else f"-{attention_backend}"
+def recipe_name(model: str, attention_backend: str = "unfused", precision: str = "fp32") -> str:
+    """``cpu-probe-<model>``; fused-attention and bf16 probes are their own recipes (and goldens):
+    ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``. The
+    unfused fp32 name is the historical one, so existing goldens load."""
+    return (
+        f"cpu-probe-{model}"
+        + ("" if attention_backend == "unfused" else f"-{attention_backend}")
+        + ("" if precision == "fp32" else f"-{precision}")
     )
 
 
@@ -81,7 +93,7 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
-    recipe = recipe_name(probe.model, probe.attention_backend)
+    recipe = recipe_name(probe.model, probe.attention_backend, probe.precision)
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
@@ -95,7 +107,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     seq_length=probe.seq_length,
                     micro_batch_size=probe.micro_batch_size,
                     global_batch_size=probe.micro_batch_size,
-                    precision="fp32",
+                    precision=probe.precision,
                     attention_backend=RECORD_NAMES[probe.attention_backend],
                     train_iters=None,
                     parallelism=parallelism(),
@@ -123,11 +135,14 @@ def _without_volatile(golden: dict[str, Any]) -> dict[str, Any]:
     return {**golden, "provenance": provenance}
 
 
-def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, bool]:
+def write_probe_golden(
+    probe: ModelProbe, root: Path | None = None, *, adapter_drift: list[str] | None = None
+) -> tuple[Path, bool]:
     """Write (atomically) the golden for this model and the installed revisions: (path, written).
 
     An existing golden that differs only in ``VOLATILE_PROVENANCE`` is left alone, byte for byte, so a
-    refresh on an unchanged revision writes nothing.
+    refresh on an unchanged revision writes nothing. ``adapter_drift`` (the CPU adapter's replaced
+    objects whose upstream source is not a reviewed one) is kept in the provenance when there is any.
     """
     records = probe_records(probe)
     path = golden_path_for(records, writable(golden_root(root)))
@@ -135,11 +150,12 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
         records,
         {
             "source": "cpu probe run",
-            "command": REFRESH_COMMAND,
+            "command": refresh_command(probe.attention_backend),
             "host": socket.gethostname(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "gpu": None,
             "driver": None,
+            **({"cpu_adapter_drift": adapter_drift} if adapter_drift else {}),
         },
     )
     golden.unmeasured = unmeasured_entries(probe)
@@ -156,29 +172,42 @@ def write_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Pat
 
 
 def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
-    """(golden path, problems): one readable line per changed value or unmeasured status; empty when
-    everything matches. For new pins: that the golden is missing, then the diff against the newest
-    golden of the same model (the Megatron Core bump's per-label diff)."""
+    """(golden path, problems): ``judge_probe_golden`` without the earlier golden it matched."""
+    path, problems, _ = judge_probe_golden(probe, root)
+    return path, problems
+
+
+def judge_probe_golden(
+    probe: ModelProbe, root: Path | None = None
+) -> tuple[Path, list[str], Path | None]:
+    """(golden path, problems, same as): one readable line per changed value or unmeasured status;
+    no problems when everything matches. For new pins (no golden for these revisions): the diff
+    against the newest golden of the same model (the Megatron Core bump's per-label diff); when no
+    value changed there, no problems and ``same as`` names that golden: a new revision, same behaviour."""
     records = probe_records(probe)
     path = golden_path_for(records, existing(golden_root(root)))
     unmeasured = unmeasured_entries(probe)
     if path.is_file():
         golden = load_golden(path)
         problems = _changed_values(compare_records(golden, records, str(path)))
-        return path, problems + _unmeasured_changes(golden, unmeasured)
-    problems = [f"no CPU golden {path.name} for these revisions"]
-    found = newest_like(path)
-    if found is not None:
-        # After a Megatron Core bump: show per label what changed against the last pinned golden.
-        previous, golden = found
-        changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
-        changed += _unmeasured_changes(golden, unmeasured)
-        problems.append(
-            f"against {previous.name} (other revisions): "
-            + (f"{len(changed)} change(s)" if changed else "no value changed")
-        )
-        problems += changed
-    return path, problems
+        return path, problems + _unmeasured_changes(golden, unmeasured), None
+    missing = f"no CPU golden {path.name} for these revisions"
+    found = newest_like(
+        path, (records[0].pins()["megatron_core"] or {}).get("version") if records else None
+    )
+    if found is None:
+        return path, [missing], None
+    # After a Megatron Core bump: show per label what changed against the last pinned golden.
+    previous, golden = found
+    changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
+    changed += _unmeasured_changes(golden, unmeasured)
+    if not changed:
+        return path, [], previous
+    return (
+        path,
+        [missing, f"against {previous.name} (other revisions): {len(changed)} change(s)", *changed],
+        None,
+    )
 
 
 def _unmeasured_key(entry: dict[str, Any]) -> tuple[str, str | None]:
@@ -208,39 +237,68 @@ def _changed_values(comparison: Comparison) -> list[str]:
     ]
 
 
-def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> None:
+def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> list[str]:
     """Before anything is probed (the caller has already refused an MCore without an identity:
     ``harness.config.revisions.require_identity``, before importing this module and with it torch):
-    a drifted adapter or (to write) a golden directory that cannot be written is one line and exit 2."""
+    a CPU adapter failing its behavioural self-check (``harness.cpu.self_check``) or (to write) a
+    golden directory that cannot be written is one line and exit 2. Returns the replaced objects'
+    drift lines (``harness.cpu.adapter.replaced_drift``): reported, never refused."""
     if write:
         require_writable_dir(directory_for("cpu-probe", golden_root(golden_dir)))
-    require_supported_revision("write CPU goldens" if write else "judge CPU goldens")
+    return require_working_adapter("write CPU goldens" if write else "judge CPU goldens")
+
+
+def adapter_drift_lines(drift: list[str]) -> list[str]:
+    return [
+        f"CPU adapter: a replaced upstream object changed since review: {line}" for line in drift
+    ]
 
 
 def golden_step(
-    probes: list[ModelProbe], *, write: bool, golden_dir: Path | None = None
+    probes: list[ModelProbe],
+    *,
+    write: bool,
+    golden_dir: Path | None = None,
+    adapter_drift: list[str] | None = None,
 ) -> tuple[list[str], list[str], bool]:
     """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
 
     Returns (report lines, paths written, whether any golden differed). The diff against the golden
-    being replaced (or, for new pins, the newest earlier one) comes first, so a refresh probes once.
+    being replaced (or, for new pins, the nearest earlier one) comes first, so a refresh probes once.
+    A model with ``error`` rows gets no golden (it would pin their absence).
     """
     lines: list[str] = []
     written_paths: list[str] = []
     differs = False
     for probe in probes:
-        path, problems = check_probe_golden(probe, golden_dir)
+        path, problems, same_as = judge_probe_golden(probe, golden_dir)
         differs = differs or bool(problems)
-        if write:
-            path, written = write_probe_golden(probe, golden_dir)
+        raised = [row.label for row in probe.rows if row.status == ERROR]
+        if write and raised:
+            lines.append(
+                f"{probe.model}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
+            )
+            differs = True
+        elif write:
+            path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
             lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
             written_paths += [str(path)] if written else []
+        elif same_as is not None:
+            lines.append(
+                f"{probe.model}: same behaviour: no golden {path.name} for this new revision, and "
+                f"no value changed against {same_as.name}"
+            )
         else:
             lines.append(
                 f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
             )
             problems += (
-                [f"if the change is intended, refresh with: {REFRESH_COMMAND}"] if problems else []
+                [
+                    "if the change is intended, refresh with: "
+                    + refresh_command(probe.attention_backend)
+                ]
+                if problems
+                else []
             )
         lines += [f"  {problem}" for problem in problems]
     return lines, written_paths, differs

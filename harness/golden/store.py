@@ -229,15 +229,22 @@ def near_misses(records: Sequence[Record], missing: Path) -> str:
     )
 
 
-def newest_like(target: Path) -> tuple[Path, Golden] | None:
+def newest_like(target: Path, version: str | None = None) -> tuple[Path, Golden] | None:
     """The golden ``target`` replaces: ``target`` itself when it exists, else the most recently
-    written golden of the same recipe × hardware (any revision pins) beside it."""
+    written golden of the same recipe × hardware (any revision pins) beside it; with goldens for
+    several revisions on disk, one of Megatron Core ``version`` (the nearest revision: an edited
+    0.19.2 tree is judged against 0.19.2, a pull request on main against the head) comes first."""
     if target.is_file():
         return target, load_golden(target)
     candidates = _goldens_named("__".join(target.name.split("__")[:2]), target.parent)
     if not candidates:
         return None
-    return max(candidates, key=lambda found: (found[1].date, found[0].name))
+
+    def nearness(found: tuple[Path, Golden]) -> tuple[bool, str, str]:
+        pinned = (found[1].pins.get("megatron_core") or {}).get("version")
+        return version is not None and pinned == version, found[1].date, found[0].name
+
+    return max(candidates, key=nearness)
 
 
 if __name__ == "__main__":

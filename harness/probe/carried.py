@@ -4,7 +4,12 @@ A recompute path can keep activations alive after backward until the next iterat
 them (Megatron-LM issue #3221). Measured on the probe's second step, so what the first step builds
 once and reuses (rotary caches, the MoE metrics tracker) is not counted:
 
-1. after step 1, ``gc.freeze()`` moves every Python object alive then into the permanent generation;
+1. after step 1, ``gc.collect()`` frees its garbage and ``gc.freeze()`` moves every Python object
+   alive then into the permanent generation. Automatic collection is off for the whole measurement
+   (``harness.probe.measure.no_automatic_gc``): when a collection runs depends on allocations in
+   every thread, so on a loaded machine a cycle-held cache (a (32, 2) tensor of nemotron-tiny's
+   router, held by a tuple) was sometimes freed before step 2 and rebuilt by it, and sometimes not:
+   256 carried bytes that came and went from run to run;
 2. step 2 runs (forward + backward, no instrumentation);
 3. after ``gc.collect()`` the Python tensors ``gc.get_objects()`` still lists are exactly those made
    in step 2 and still alive. Their storages, deduplicated, minus parameters, gradients and the batch
@@ -206,6 +211,7 @@ def measure_carried(
     ``excluded``: tensors whose storages are not carried memory by definition (the batch); parameters
     and their gradients are excluded here.
     """
+    gc.collect()  # step 1's garbage, at a fixed point (automatic collection is off)
     gc.freeze()
     try:
         step()

@@ -28,11 +28,16 @@ def single_label_rows(probe: ModelProbe) -> list[ProbeRowResult]:
 
 
 def unmeasured_entries(probe: ModelProbe) -> list[dict[str, Any]]:
-    """The accepted labels this model does not exercise, with status, rule id and reason."""
+    """The accepted labels this model does not exercise, then the full-recompute rows without a
+    measurement (rejected, or raising: ``error``), with status, rule id and reason. A golden keeps
+    them, so a revision that starts or stops running a full row is a change."""
+    unmeasured = [row for row in single_label_rows(probe) if row.status != EFFECTIVE]
+    unmeasured += [
+        row for row in probe.rows if row.fields.granularity == "full" and not row.measured
+    ]
     return [
         {"label": row.label, "status": row.status, "rule": row.rule, "reason": row.reason}
-        for row in single_label_rows(probe)
-        if row.status != EFFECTIVE
+        for row in unmeasured
     ]
 
 

@@ -19,9 +19,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import weakref
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,8 +138,27 @@ class _ReplayCounter(TorchDispatchMode):
         return out
 
 
+@contextlib.contextmanager
+def no_automatic_gc() -> Iterator[None]:
+    """Python's cyclic collector off: it runs when allocations (in any thread) cross a threshold, so
+    under load it freed cycle-held tensors at different points of a step from run to run, and the
+    bytes a step retains or carries moved with it. Collections happen only where the probe asks."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> Measurement:
     """Run forward + backward once from a reset RNG; with ``instrument`` False only loss and grads."""
+    with no_automatic_gc():
+        return _measure(model, seed=seed, instrument=instrument)
+
+
+def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
     module = model.module
     module.train()
     module.zero_grad(set_to_none=True)

@@ -1,7 +1,9 @@
 """Which recompute configurations a probe measures on a model.
 
 The control ``[]``, every label the installed validator accepts (read from it, never listed here),
-the combinations from the skill's tables (harness/data/probe-combinations.json), and full recompute.
+the combinations from the skill's tables (harness/data/probe-combinations.json), and full recompute
+with each method at the ``recompute_num_layers`` values derived from the model's depth
+(harness/probe/sweep.py).
 ``--modules`` narrows that to the control plus the label sets a user names.
 """
 
@@ -12,8 +14,12 @@ from dataclasses import dataclass
 from importlib import resources
 
 from harness.config.fields import RecomputeFields, parse_labels, require_known
+from harness.probe.sweep import full_recompute_fields
 
 CONTROL = RecomputeFields.selective()
+# The parameter / activation precisions a probe pass runs in: fp32 (the bitwise verdicts are read
+# there) and bf16 (what the GPU recipes keep; its bytes are its own golden).
+PRECISIONS = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -57,9 +63,10 @@ def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
 
 
 def plan_rows(
-    label_sets: list[tuple[str, ...]] | None = None, *, hang_probe: bool = True
+    label_sets: list[tuple[str, ...]] | None = None, *, layers: int, hang_probe: bool = True
 ) -> list[ProbeRow]:
-    """Rows in table order: control, singles, combinations, full, then the deadlock probe."""
+    """Rows in table order for a model of ``layers`` layers: control, singles, combinations, full
+    (method x recompute_num_layers), then the deadlock probe."""
     rows = [ProbeRow(CONTROL)]
     if label_sets is not None:
         rows += [ProbeRow(RecomputeFields.selective(*labels)) for labels in label_sets]
@@ -72,10 +79,7 @@ def plan_rows(
         for combo in data["combinations"]
         if all(label in known for label in combo)
     ]
-    rows += [
-        ProbeRow(RecomputeFields.full(entry["method"], entry["num_layers"]))
-        for entry in data["full"]
-    ]
+    rows += [ProbeRow(fields) for fields in full_recompute_fields(layers)]
     if hang_probe and "mlp" in known:
         rows.append(ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True))
     return rows

@@ -20,20 +20,23 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
-from harness.errors import EXIT_FAILED
+from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
-from harness.probe.plan import CONTROL, ProbeRow, plan_rows
+from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
 from harness.probe.status import (
     CONTROL_STATUS,
     EFFECTIVE,
+    ERROR,
     INACTIVE,
     REJECTED,
     REQUIRES_TE,
     Equivalence,
     MeasuredRow,
     compare_numerics,
+    exception_line,
+    failure_status,
     requires_te_reason,
     sum_order_reason,
     te_only_labels_missing,
@@ -44,6 +47,7 @@ DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
 # The deadlock row is about MCore's CheckpointFunction, not a model's shape, and each isolated child
 # pays a fresh torch + MCore import: it runs on the dense model only.
 HANG_PROBE_MODELS = ("dense-tiny",)
+DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16), strict=True))
 
 
 @dataclass(kw_only=True)
@@ -95,6 +99,7 @@ class ModelProbe:
     micro_batch_size: int
     rows: list[ProbeRowResult]
     attention_backend: str = "unfused"  # harness.cpu.attention.ATTENTION_BACKENDS
+    precision: str = "fp32"  # harness.probe.plan.PRECISIONS
 
     @property
     def control(self) -> ProbeRowResult:
@@ -115,7 +120,14 @@ def _build(
 ):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return build_model(model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes)
+        built = build_model(
+            model, fields, dropout=dropout, add_bias_linear=add_bias_linear, **sizes
+        )
+    if "dtype" in sizes:
+        # Training in bf16 wraps the model in Megatron's Float16Module, which casts every parameter;
+        # MCore's torch norms are built in fp32 whatever params_dtype says.
+        built.module.to(sizes["dtype"])
+    return built
 
 
 def baseline(
@@ -131,12 +143,20 @@ def baseline(
     return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
 
 
+def _failed_row(row: ProbeRow, exc: BaseException) -> ProbeRowResult:
+    status, reason = failure_status(exc)
+    return ProbeRowResult(
+        row.label, status, reason, fields=row.fields, add_bias_linear=row.add_bias_linear
+    )
+
+
 def measure_row(
     model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any
 ) -> ProbeRowResult:
     """Build ``row`` with the control's weights, measure it, classify it."""
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
 
+    # What an accepted configuration does on this revision is the row's result, an exception too.
     try:
         built = _build(
             model, row.fields, dropout=False, add_bias_linear=row.add_bias_linear, **sizes
@@ -156,8 +176,13 @@ def measure_row(
             fields=row.fields,
             add_bias_linear=row.add_bias_linear,
         )
+    except Exception as exc:  # noqa: BLE001
+        return _failed_row(row, exc)
     built.module.load_state_dict(base.state)
-    result = measure(built, seed=seed)
+    try:
+        result = measure(built, seed=seed)
+    except Exception as exc:  # noqa: BLE001
+        return _failed_row(row, exc)
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
@@ -259,9 +284,13 @@ def probe_models(
     seq_length: int | None = None,
     micro_batch_size: int | None = None,
     attention_backend: str = "unfused",
+    precision: str = "fp32",
 ) -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
-    (``hang_probe=False`` leaves them out), every other row in this process under a watchdog."""
+    (``hang_probe=False`` leaves them out), every other row in this process under a watchdog.
+
+    ``precision`` (harness.probe.plan.PRECISIONS) is the parameters' and activations' dtype. The
+    deadlock row is probed in fp32 only: it is about ``CheckpointFunction``, not the dtype."""
     styles = [style_model(name) for name in models]
     sizes: dict[str, Any] = {
         key: value
@@ -269,12 +298,20 @@ def probe_models(
         if value is not None
     }
     sizes["attention_backend"] = attention_backend
-    rows = plan_rows(label_sets, hang_probe=hang_probe)
+    if precision not in DTYPES:
+        raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
+    if precision != "fp32":
+        sizes["dtype"] = DTYPES[precision]
+        hang_probe = False
+    rows = {
+        style.name: plan_rows(label_sets, layers=style.layers, hang_probe=hang_probe)
+        for style in styles
+    }
     children = [
         IsolatedProbe(style.name, row, timeout_s=hang_timeout_s, seed=seed, **sizes)
         for style in styles
         if style.name in HANG_PROBE_MODELS
-        for row in rows
+        for row in rows[style.name]
         if row.may_hang
     ]
 
@@ -288,7 +325,7 @@ def probe_models(
             probes = {
                 style.name: _probe_in_process(
                     style,
-                    [row for row in rows if not row.may_hang],
+                    [row for row in rows[style.name] if not row.may_hang],
                     seed=seed,
                     sizes=sizes,
                     row_timeout_s=row_timeout_s,
@@ -312,13 +349,23 @@ def _probe_in_process(
     row_timeout_s: float,
     cleanup: Callable[[], None],
 ) -> ModelProbe:
-    with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
-        base = baseline(style.name, seed=seed, **sizes)
-    results = []
-    for row in rows:
-        exit_if_stopped()
-        with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
-            results.append(measure_row(style.name, row, base, seed=seed, **sizes))
+    try:
+        with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
+            base = baseline(style.name, seed=seed, **sizes)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a model this tree cannot build is recorded, not fatal
+        why = f"the [] control raised {exception_line(exc)}"
+        results = [
+            ProbeRowResult(
+                row.label, ERROR, why, fields=row.fields, add_bias_linear=row.add_bias_linear
+            )
+            for row in rows
+        ]
+    else:
+        results = [
+            _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup) for row in rows
+        ]
     return ModelProbe(
         style.name,
         style.description,
@@ -326,7 +373,39 @@ def _probe_in_process(
         sizes.get("micro_batch_size", style.micro_batch_size),
         results,
         sizes.get("attention_backend", "unfused"),
+        next(name for name, dtype in DTYPES.items() if dtype == sizes.get("dtype", torch.float32)),
     )
+
+
+def _measure_or_error(
+    style: StyleModel,
+    row: ProbeRow,
+    base: Baseline,
+    seed: int,
+    sizes: dict[str, Any],
+    row_timeout_s: float,
+    cleanup: Callable[[], None],
+) -> ProbeRowResult:
+    """One row, or (when building or measuring it raises) an ``error`` (or ``requires-CUDA``) row
+    naming the exception."""
+    exit_if_stopped()
+    try:
+        with watchdog(row_timeout_s, f"row {row.label} of {style.name}", cleanup):
+            return measure_row(style.name, row, base, seed=seed, **sizes)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one row that raises must not lose the others
+        return _failed_row(row, exc)
+
+
+def probe_errors(probes: list[ModelProbe]) -> list[str]:
+    """``model / label: reason`` for every row recorded as ``error``."""
+    return [
+        f"{probe.model} / {row.label}: {row.reason}"
+        for probe in probes
+        for row in probe.rows
+        if row.status == ERROR
+    ]
 
 
 def _isolated_row(child: IsolatedProbe) -> ProbeRowResult:

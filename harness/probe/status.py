@@ -7,13 +7,20 @@ Statuses (the ``[]`` row itself is ``control``):
                   that this build does not have, so the label is silently ignored;
 - ``rejected``    the real validator refused the configuration (with the matrix rule id);
 - ``hang``        the isolated probe did not finish before its timeout (process group killed);
-- ``crash``       the isolated probe died without a result.
+- ``crash``       the isolated probe died without a result;
+- ``error``       building or measuring the row (or its model's ``[]`` control) raised, also where the
+                  validator accepted the configuration and Megatron Core raised while it ran
+                  (Megatron-LM #3562: uniform recompute indexed past the last layer); the reason is the
+                  exception's line, and the rest of the probe goes on (exit 1);
+- ``requires-CUDA`` Megatron Core raised from torch.cuda on an accepted configuration (the alltoall
+                  dispatcher's CUDA stream): the CPU cannot run it, the reason says where.
 
 Importing this module does not import torch: the isolated-probe parent uses the statuses too.
 """
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,7 +31,15 @@ if TYPE_CHECKING:
 
 CONTROL_STATUS = "control"
 EFFECTIVE, INACTIVE, REQUIRES_TE, REJECTED = "effective", "inactive", "requires-TE", "rejected"
-HANG, CRASH = "hang", "crash"
+HANG, CRASH, ERROR = "hang", "crash", "error"
+# A configuration the installed Megatron Core needs CUDA for (tried on CPU: the exception says why).
+REQUIRES_CUDA = "requires-CUDA"
+
+
+def exception_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: what a row that raised records as its reason."""
+    message = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {message[0]}" if message else type(exc).__name__
 
 
 @dataclass
@@ -122,3 +137,21 @@ def requires_te_reason(missing: list[str], model: torch.nn.Module) -> str:
         for label in missing
     ]
     return "; ".join(parts)
+
+
+def failure_status(exc: BaseException) -> tuple[str, str]:
+    """(status, reason) for what Megatron Core raised on a configuration the validator accepted:
+    ``requires-CUDA`` when torch.cuda raised it, else ``error``; the reason names the exception and
+    the innermost Megatron Core line on the way (the call that needed CUDA)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    cuda = any("/torch/cuda/" in frame.filename for frame in frames)
+    caller = next(
+        (
+            f"megatron/{frame.filename.split('/megatron/')[-1]}:{frame.lineno} {frame.line}"
+            for frame in reversed(frames)
+            if "/megatron/core/" in frame.filename
+        ),
+        "",
+    )
+    reason = exception_line(exc) + (f" ({caller})" if caller else "")
+    return (REQUIRES_CUDA if cuda else ERROR), reason

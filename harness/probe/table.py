@@ -9,7 +9,7 @@ from typing import Any
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
 from harness.probe.peaks import PHASES
 from harness.probe.runner import ModelProbe, ProbeRowResult
-from harness.probe.status import CRASH, EFFECTIVE, HANG, REQUIRES_TE
+from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_CUDA, REQUIRES_TE
 
 MIB = 1024 * 1024
 _LAYER_CHILD = re.compile(r"^(.*?layers\.\d+)((?:\.[^.]+){0,2})")
@@ -29,19 +29,21 @@ def _delta_kib(value: int | None, base: int | None) -> str:
     return "0" if value == base else f"{(value - base) / 1024:+.1f}"
 
 
-def _equivalence(row: ProbeRowResult) -> str:
+def _equivalence(row: ProbeRowResult, precision: str) -> str:
     if row.equivalence is None:
         return "-"
-    fp32, dropout = row.equivalence, row.dropout_equivalence
-    if fp32.bitwise and dropout.bitwise:
-        return "bitwise (fp32, dropout)"
-    return f"fp32 {fp32.summary}; dropout {dropout.summary}"
+    plain, dropout = row.equivalence, row.dropout_equivalence
+    if plain.bitwise and dropout.bitwise:
+        return f"bitwise ({precision}, dropout)"
+    return f"{precision} {plain.summary}; dropout {dropout.summary}"
 
 
 def _status(row: ProbeRowResult) -> str:
     if row.rule:
         return f"{row.status} [{row.rule}]"
-    if row.status in (HANG, CRASH, REQUIRES_TE) or (row.status == EFFECTIVE and row.reason):
+    if row.status in (HANG, CRASH, ERROR, REQUIRES_CUDA, REQUIRES_TE) or (
+        row.status == EFFECTIVE and row.reason
+    ):
         return f"{row.status}: {row.reason}"
     return row.status
 
@@ -51,7 +53,7 @@ def probe_table(probe: ModelProbe) -> str:
     lines = [
         f"## {probe.model} — {probe.description}",
         (
-            f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, fp32, CPU, {probe.attention_backend} "
+            f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, {probe.precision}, CPU, {probe.attention_backend} "
             "core attention; bytes retained by "
             "autograd at the end of forward; FLOPs of backward (matmul-class ops); bytes a second step leaves "
             "alive after backward (carried)"
@@ -77,7 +79,11 @@ def probe_table(probe: ModelProbe) -> str:
         else:
             cells = ["-"] * 7
         label = "`[]`" if row is control else f"`{row.label}`"
-        lines.append("| " + " | ".join([label, *cells, _equivalence(row), _status(row)]) + " |")
+        lines.append(
+            "| "
+            + " | ".join([label, *cells, _equivalence(row, probe.precision), _status(row)])
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -258,6 +264,30 @@ def probe_json(probe: ModelProbe) -> dict[str, Any]:
         "seq_length": probe.seq_length,
         "micro_batch_size": probe.micro_batch_size,
         "attention_backend": probe.attention_backend,
+        "precision": probe.precision,
         "rows": [row.as_dict() for row in probe.rows],
         "unmeasured": unmeasured_entries(probe),
     }
+
+
+def coverage_table(coverage: dict[str, Any]) -> str:
+    """``probe --coverage``: each axis value with where it was measured or why it was not, then
+    per label the passes that measured it (harness.probe.axes)."""
+    lines = [
+        "## Coverage: configuration axes of this probe run",
+        "",
+        "| Axis | Value | Status | Measured on / why not |",
+        "|---|---|---|---|",
+    ]
+    for entry in coverage["axes"]:
+        where = ", ".join(entry["where"])
+        detail = "; ".join(part for part in (where, entry["reason"]) if part)
+        lines.append(
+            f"| {entry['axis']} | `{entry['value']}` | {entry['status']} | {detail.replace('|', '/')} |"
+        )
+    lines += ["", "| Label | Measured (effective) on |", "|---|---|"]
+    for label, where in coverage["labels"].items():
+        lines.append(
+            f"| `{label}` | {', '.join(where) or 'unmeasured (why: the unmeasured labels table)'} |"
+        )
+    return "\n".join(lines)

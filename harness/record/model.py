@@ -87,7 +87,11 @@ class Revisions:
         }
 
     def pins(self) -> dict[str, Any]:
+        """What a golden is pinned to. The metadata's claim next to a Megatron Core tree that shadows
+        the installed wheel (``megatron_core.package``, e.g. a Megatron-LM checkout on PYTHONPATH)
+        says how the code was found, not which code it is: it stays in the record, not the pins."""
         data = self.to_json()
+        data["megatron_core"].pop("package", None)
         return {key: data[key] for key in PIN_KEYS}
 
 

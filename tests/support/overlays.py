@@ -1,9 +1,12 @@
-"""Released megatron-core wheels overlaid next to the venv, for rehearsing a Megatron Core bump for real.
+"""Megatron Core trees overlaid next to the venv, for rehearsing a Megatron Core bump for real.
 
-Each overlay is ``pip install --no-deps --target`` of a small megatron-core wheel (torch is reused),
-cached outside the repository (``$RECOMPUTE_HARNESS_OVERLAYS`` or ``~/.cache/recompute-harness/
-overlays``), so reruns cost no download. ``./venv-run`` fetches them when it creates the venv
-(``python tests/support/overlays.py``): set-up, not the CPU tier's time.
+Each released overlay is ``pip install --no-deps --target`` of a small megatron-core wheel (torch is
+reused); the development head is a git work tree of Megatron-LM at ``HEAD_COMMIT`` (a shared, sparse
+clone holding ``megatron/`` of the repository at ``$MEGATRON_LM_GIT``, by default this machine's
+mirror), so its identity is that commit. Both are cached outside the repository
+(``$RECOMPUTE_HARNESS_OVERLAYS`` or ``~/.cache/recompute-harness/overlays``), so reruns cost nothing.
+``./venv-run`` fetches them when it creates the venv (``python tests/support/overlays.py``): set-up,
+not the CPU tier's time. ``python tests/support/overlays.py --path REVISION`` prints one's directory.
 """
 
 from __future__ import annotations
@@ -23,6 +26,12 @@ OVERLAYS = Path(
     )
 )
 PIP_TIMEOUT_S = 300
+# The development head the goldens are pinned to (0.20.0 on main), and where its git history is read.
+HEAD_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+MEGATRON_LM_GIT = Path(os.environ.get("MEGATRON_LM_GIT", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
+# Every revision the goldens cover, oldest first; the venv's own (0.19.2) is not an overlay.
+REVISIONS = ("0.18.2", "0.19.0", "0.19.2", "head")
+INSTALLED = "0.19.2"
 
 
 def overlay(version: str) -> Path:
@@ -59,6 +68,53 @@ def overlay(version: str) -> Path:
     return target
 
 
+def _git(*args: str, cwd: Path | None = None) -> None:
+    subprocess.run(
+        ["git", *args], cwd=cwd, capture_output=True, text=True, check=True, timeout=PIP_TIMEOUT_S
+    )
+
+
+def megatron_lm_tree(commit: str = HEAD_COMMIT) -> Path:
+    """A clean Megatron-LM work tree at ``commit`` holding ``megatron/`` (made once); ``LookupError``
+    when the repository at ``$MEGATRON_LM_GIT`` is absent or lacks the commit."""
+    target = OVERLAYS / f"megatron-lm-{commit[:12]}"
+    if (target / "megatron" / "core" / "package_info.py").is_file():
+        return target
+    if not (MEGATRON_LM_GIT / "objects").is_dir() and not (MEGATRON_LM_GIT / ".git").is_dir():
+        raise LookupError(
+            f"no Megatron-LM git repository at {MEGATRON_LM_GIT} (set MEGATRON_LM_GIT)"
+        )
+    staging = OVERLAYS / f".megatron-lm-{commit[:12]}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _git("clone", "-q", "--shared", "--no-checkout", str(MEGATRON_LM_GIT), str(staging))
+        _git("sparse-checkout", "set", "--no-cone", "/megatron/", cwd=staging)
+        _git("checkout", "-q", "--detach", commit, cwd=staging)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise LookupError(
+            f"cannot check out {commit} from {MEGATRON_LM_GIT}: {exc.stderr}"
+        ) from None
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def revision_path(revision: str) -> Path | None:
+    """The directory to put first on ``PYTHONPATH`` for a revision of ``REVISIONS`` (None: the venv's)."""
+    if revision == INSTALLED:
+        return None
+    return megatron_lm_tree() if revision == "head" else overlay(revision)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--path"]:
+        path = revision_path(sys.argv[2])
+        print("" if path is None else path)
+        sys.exit(0)
     for version in BUMP_REHEARSALS:
         overlay(version)
+    try:
+        megatron_lm_tree()
+    except LookupError as exc:
+        print(f"overlays: no development head tree: {exc}", file=sys.stderr)

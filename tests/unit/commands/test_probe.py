@@ -23,6 +23,7 @@ from harness.cli import main
         ),
         (["probe", "--all", "--hang-timeout", "-1"], "--hang-timeout must be in (0, 600] seconds"),
         (["probe"], "one of the arguments --model --all --list is required"),
+        (["probe", "--model", "dense-tiny", "--precision", "fp8"], "invalid choice: 'fp8'"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):
@@ -33,7 +34,19 @@ def test_bad_input_is_one_line_exit_2(capsys, argv, message):
 
 def test_probe_prints_the_table(capsys):
     assert (
-        main(["probe", "--model", "dense-tiny", "--modules", "core_attn", "moe", "--attribution"])
+        main(
+            [
+                "probe",
+                "--model",
+                "dense-tiny",
+                "--modules",
+                "core_attn",
+                "moe",
+                "--attribution",
+                "--precision",
+                "fp32",
+            ]
+        )
         == 0
     )
     out = capsys.readouterr().out
@@ -47,6 +60,8 @@ def test_probe_json(capsys, tmp_path):
     assert main(["probe", "--model", "nemotron-tiny", "--modules", "mlp", "--json"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out)
+    # One pass per precision (the default is every precision), fp32 first.
+    assert [probe["precision"] for probe in data] == ["fp32", "bf16"]
     assert [row["status"] for row in data[0]["rows"]] == ["control", "inactive"]
     # Fed to analyze (a natural mistake), the refusal says what to use instead.
     (tmp_path / "probe.json").write_text(out)

@@ -6,9 +6,17 @@ import json
 
 import pytest
 
+from harness.cli import main
+from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.files import write_json_atomic
-from harness.golden.labels import REFRESH_COMMAND, load_manifest, manifest_problem, write_manifest
+from harness.golden.labels import (
+    REFRESH_COMMAND,
+    load_manifest,
+    manifest_problem,
+    manifest_verdict,
+    write_manifest,
+)
 from harness.golden.store import CHECKOUT_ROOT
 
 
@@ -48,14 +56,28 @@ def test_an_unwritable_manifest_directory_is_refused(tmp_path):
         write_manifest(blocked / "labels")
 
 
-def test_new_fingerprint_is_compared_with_the_newest_manifest(tmp_path):
+def test_new_fingerprint_with_the_same_labels_is_same_behaviour(tmp_path):
     path, _ = write_manifest(tmp_path)
     path.rename(path.parent / "0000000000000000.json")
-    problem = manifest_problem(tmp_path)
-    assert (
-        "no label manifest for Megatron Core fingerprint" in problem
-        and "labels unchanged" in problem
+    line, changed = manifest_verdict(tmp_path)
+    assert not changed and manifest_problem(tmp_path) is None
+    assert line.startswith("same behaviour: no label manifest for Megatron Core fingerprint")
+    version = collect_revisions()["megatron_core"]["version"]
+    assert line.endswith(
+        f"newest is 0000000000000000.json (megatron-core {version}): labels unchanged"
     )
+    assert main(["labels", "--check", "--golden-dir", str(tmp_path)]) == 0
+
+
+def test_new_fingerprint_with_other_labels_is_a_change(tmp_path):
+    path, _ = write_manifest(tmp_path)
+    manifest = json.loads(path.read_text())
+    manifest["labels"].append("harness_retired_label")
+    path.unlink()
+    (path.parent / "0000000000000000.json").write_text(json.dumps(manifest))
+    line, changed = manifest_verdict(tmp_path)
+    assert changed and "removed: harness_retired_label" in line
+    assert main(["labels", "--check", "--golden-dir", str(tmp_path)]) == 1
 
 
 def test_corrupt_manifest_is_a_usage_error(tmp_path):
@@ -69,13 +91,14 @@ def test_manifest_lives_under_the_roots_labels_directory(tmp_path):
     assert write_manifest(tmp_path)[0].parent == tmp_path / "labels"
 
 
-def test_the_committed_manifest_loads_as_a_typed_manifest_and_writes_back_byte_for_byte(tmp_path):
-    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
-    manifest = load_manifest(committed)
-    assert manifest.fingerprint == committed.stem and "core_attn" in manifest.labels
-    copy = tmp_path / committed.name
-    write_json_atomic(copy, manifest.to_json())
-    assert copy.read_bytes() == committed.read_bytes()
+def test_the_committed_manifests_load_as_typed_manifests_and_write_back_byte_for_byte(tmp_path):
+    # One per supported revision (0.18.2, 0.19.0, 0.19.2, the development head).
+    for committed in sorted((CHECKOUT_ROOT / "labels").glob("*.json")):
+        manifest = load_manifest(committed)
+        assert manifest.fingerprint == committed.stem and "core_attn" in manifest.labels
+        copy = tmp_path / committed.name
+        write_json_atomic(copy, manifest.to_json())
+        assert copy.read_bytes() == committed.read_bytes()
 
 
 @pytest.mark.parametrize(
@@ -87,7 +110,9 @@ def test_the_committed_manifest_loads_as_a_typed_manifest_and_writes_back_byte_f
     ],
 )
 def test_a_manifest_of_another_shape_is_refused_in_one_line(tmp_path, edit, refusal):
-    (committed,) = (CHECKOUT_ROOT / "labels").glob("*.json")
+    committed = (
+        CHECKOUT_ROOT / "labels" / f"{collect_revisions()['megatron_core']['fingerprint']}.json"
+    )
     data = json.loads(committed.read_text())
     edit(data)
     path = tmp_path / committed.name

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from harness.golden.probe import check_probe_golden, probe_records, write_probe_golden
+from harness.golden.probe import (
+    check_probe_golden,
+    golden_step,
+    judge_probe_golden,
+    probe_records,
+    write_probe_golden,
+)
 from harness.golden.store import golden_filename
 from harness.models import STYLE_MODELS
 from harness.probe.coverage import describe_unmeasured
@@ -33,7 +39,7 @@ def probes():
     from harness.probe.plan import plan_rows
 
     assert any(
-        row.may_hang for row in plan_rows()
+        row.may_hang for row in plan_rows(layers=2)
     )  # the deadlock row exists; probe/test_isolate.py runs it
     results = probe_models(
         list(STYLE_MODELS), hang_probe=False
@@ -102,6 +108,27 @@ def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes
     assert len(problems) == 3
 
 
+def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path):
+    probe = probes["dense-tiny"]
+    path, _ = write_probe_golden(probe, tmp_path)
+    golden = json.loads(path.read_text())
+    golden["pins"]["megatron_core"] = {
+        "version": "0.0.1",
+        "commit": None,
+        "fingerprint": "0000000000000000",
+    }
+    older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
+    older.write_text(json.dumps(golden))
+    path.unlink()
+    assert judge_probe_golden(probe, tmp_path) == (path, [], older)
+    lines, _, differs = golden_step([probe], write=False, golden_dir=tmp_path)
+    expected = (
+        f"dense-tiny: same behaviour: no golden {path.name} for this new revision, and no value "
+        f"changed against {older.name}"
+    )
+    assert not differs and lines == [expected]
+
+
 def test_rows_survive_the_isolated_childs_json(probes):
     from harness.probe.runner import ProbeRowResult
 
@@ -165,7 +192,8 @@ def test_output_discard_boundaries_count_as_freed(probes):
 def test_full_recompute_retains_least_and_replays_most(probes):
     for probe in probes.values():
         rows = [row for row in rows_of(probe).values() if row.measured]
-        full = rows_of(probe)["full-uniform-1"]
+        # One uniform chunk of every layer keeps only the block's input.
+        full = rows_of(probe)[f"full-uniform-{STYLE_MODELS[probe.model].layers}"]
         assert full.retained_bytes == min(row.retained_bytes for row in rows)
         assert full.backward_flops == max(row.backward_flops for row in rows)
         assert probe.control.replay_bytes == 0 and full.replay_bytes > 0
@@ -200,3 +228,30 @@ def test_carried_memory_names_the_moe_dispatcher_under_reentrant_recompute(probe
     dense = rows_of(probes["dense-tiny"])
     assert dense["full-uniform-1"].carried_bytes == probes["dense-tiny"].control.carried_bytes
     assert "local_probs -> graph leaf" in carried_table(probes["moonlight-tiny"])
+
+
+def test_uniform_and_block_differ_by_recompute_num_layers_on_a_four_layer_model(probes):
+    rows = rows_of(probes["dense-deep"])
+    retained = {label: row.retained_bytes for label, row in rows.items() if row.measured}
+    # uniform keeps one checkpointed input per chunk: 4, 2 and 1 chunks of 4 layers.
+    assert retained["full-uniform-1"] > retained["full-uniform-2"] > retained["full-uniform-4"]
+    # 3 does not divide 4: chunks of 3 and 1 layers keep as many inputs as two chunks of 2.
+    assert retained["full-uniform-3"] == retained["full-uniform-2"]
+    # block checkpoints the first n layers and keeps every activation of the rest.
+    assert (
+        retained["full-block-1"]
+        > retained["full-block-2"]
+        > retained["full-block-3"]
+        > retained["full-block-4"]
+    )
+    # Each block layer replays its whole forward in backward: replayed bytes grow with n.
+    replayed = [rows[f"full-block-{n}"].replay_bytes for n in (1, 2, 3, 4)]
+    assert replayed == sorted(replayed) and len(set(replayed)) == 4
+
+
+def test_a_count_above_the_layers_is_a_result_not_a_skip(probes):
+    # recompute_num_layers 5 on 4 layers: the validator does not bound it, so the row is measured
+    # or says what the revision did (rejected / error with the exception), and the golden keeps it.
+    for method in ("uniform", "block"):
+        row = rows_of(probes["dense-deep"])[f"full-{method}-5"]
+        assert row.measured or (row.status in ("rejected", "error") and row.reason)

@@ -107,6 +107,7 @@ def test_probe_and_estimate_rows_share_one_verdict_type_and_keep_their_json_key_
         "carried_bytes",
         "carried_attribution",
         "carried_holders",
+        "step_peaks",  # issue 23: peaks over the step (harness.probe.peaks), appended last
     ]
     assert ProbeRowResult.from_dict(probe_row.as_dict()) == probe_row
     assert list(asdict(estimate_row)) == [
@@ -121,4 +122,7 @@ def test_probe_and_estimate_rows_share_one_verdict_type_and_keep_their_json_key_
         "per_kind",
         "removed",
         "attribution",
+        "peak_bytes",  # issue 23: the rank's activation peak moment, appended last
+        "peak_saving_bytes",
+        "peak_phase",
     ]

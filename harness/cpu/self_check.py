@@ -1,0 +1,225 @@
+"""The CPU adapter's behavioural self-check: run on every revision before any verdict.
+
+The adapter replaces a few CUDA-only helpers (``harness.cpu.adapter``) and runs everything else of
+Megatron Core as it is, including every checkpoint class and every caller of the RNG tracker. Whether
+the adapter still means what it claims on the revision at hand is therefore checked by behaviour, not
+by source text:
+
+1. RNG replay: a block that draws dropout masks (inside the tracker's fork and outside it) gives
+   bitwise the same output and gradients through ``CheckpointFunction`` and through the output-discard
+   ``CheckpointWithoutOutput`` (its output really discarded) as under plain autograd. A broken CPU RNG
+   state (the tracker's generator not being the one dropout draws from) replays other masks.
+2. Transformer Engine names: every global name that the output-discard path's code objects look up
+   (``CheckpointWithoutOutput*`` and the module functions and classes they reach, transitively) is
+   bound, in the module or builtins, or bound by the adapter (``FP8_DISABLED_NAMES``). An unbound one
+   would raise ``NameError`` mid-probe; it is named with the code that reaches it.
+
+``self_check_problems()`` returns one line per failure (empty: the adapter works here).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dis
+import inspect
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from megatron.core.tensor_parallel import random as mcore_random
+
+from harness.config.revisions import collect_revisions
+from harness.cpu.adapter import init_cpu_parallel_state, replaced_drift, reseed
+from harness.errors import UsageError
+
+# Entry points of the output-discard path; absent ones (older revisions) are skipped.
+OUTPUT_DISCARD_CLASSES = (
+    "CheckpointWithoutOutput",
+    "CheckpointWithoutOutputFunction",
+    "CheckpointWithoutOutputManager",
+)
+_SEED = 4321
+_DROPOUT = 0.5
+
+
+def _functions_of(owner: Any, qualname: str) -> Iterator[tuple[str, types.FunctionType]]:
+    """(qualified name, function) of a module-level function or of every method of a class, with
+    decorators' wrappers (``contextlib.contextmanager``) unwrapped to the code that was written."""
+    members = (
+        [("", owner)]
+        if isinstance(owner, types.FunctionType)
+        else [(f".{name}", member) for name, member in vars(owner).items()]
+    )
+    for suffix, member in members:
+        member = getattr(member, "__func__", member)  # staticmethod / classmethod
+        if isinstance(member, property):
+            member = member.fget
+        if callable(member):
+            member = inspect.unwrap(member)
+        if isinstance(member, types.FunctionType):
+            yield f"{qualname}{suffix}", member
+
+
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            yield from _code_objects(constant)
+
+
+def _global_lookups(function: types.FunctionType) -> set[str]:
+    return {
+        instruction.argval
+        for code in _code_objects(function.__code__)
+        for instruction in dis.get_instructions(code)
+        if instruction.opname == "LOAD_GLOBAL"
+    }
+
+
+def _te_imports(module: types.ModuleType) -> set[str]:
+    """Names the module imports from ``transformer_engine`` (bound only when TE is installed)."""
+    try:
+        tree = ast.parse(inspect.getsource(module))
+    except (OSError, TypeError, SyntaxError):
+        return set()
+    return {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_engine")
+        for alias in node.names
+    }
+
+
+def unbound_output_discard_names(
+    module: types.ModuleType = mcore_random,
+) -> dict[str, list[str]]:
+    """Global names the output-discard path looks up that nothing binds: name -> the code reaching it."""
+    namespace = vars(module)
+    pending = [(name, namespace[name]) for name in OUTPUT_DISCARD_CLASSES if name in namespace]
+    seen: set[int] = set()
+    unbound: dict[str, list[str]] = {}
+    while pending:
+        qualname, owner = pending.pop()
+        if id(owner) in seen:
+            continue
+        seen.add(id(owner))
+        for where, function in _functions_of(owner, qualname):
+            if function.__globals__ is not namespace:
+                continue  # another module's code (torch, contextlib): not this path's names
+            for name in sorted(_global_lookups(function)):
+                if name in namespace:
+                    value = namespace[name]
+                    defined_here = getattr(value, "__module__", None) == module.__name__
+                    if defined_here and isinstance(value, type | types.FunctionType):
+                        pending.append((name, value))
+                elif not hasattr(builtins, name):
+                    unbound.setdefault(name, []).append(where)
+    return unbound
+
+
+def _dropout_block(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Dropout drawn from the tracker's stream and from the default one: replay must restore both."""
+    with mcore_random.get_cuda_rng_tracker().fork():
+        inner = torch.nn.functional.dropout(x @ weight, _DROPOUT, training=True)
+    return torch.tanh(inner) * torch.nn.functional.dropout(x, _DROPOUT, training=True)
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(_SEED)
+    x = torch.randn(8, 16, generator=generator, requires_grad=True)
+    weight = torch.randn(16, 16, generator=generator, requires_grad=True)
+    return x, weight
+
+
+def _run(forward: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> list[torch.Tensor]:
+    """Output and input gradients of ``(forward(x, w) ** 2).sum()``, from a fixed RNG state; a draw
+    between forward and backward moves the generators on, so only a real replay finds the masks."""
+    x, weight = _inputs()
+    reseed(_SEED)
+    out = forward(x, weight)
+    torch.nn.functional.dropout(torch.ones(64), _DROPOUT, training=True)
+    with mcore_random.get_cuda_rng_tracker().fork():
+        torch.nn.functional.dropout(torch.ones(64), _DROPOUT, training=True)
+    loss = (out * out).sum()
+    hook = getattr(forward, "hook", None)
+    if hook is not None:
+        hook(loss)
+    loss.backward()
+    return [loss.detach(), x.grad, weight.grad]
+
+
+class _OutputDiscard:
+    """``CheckpointWithoutOutput`` used as MCore's layers use it: checkpoint, then discard the output
+    once the loss that consumes it exists (the recompute hook on the loss restores it)."""
+
+    def __init__(self) -> None:
+        self.checkpoint = mcore_random.CheckpointWithoutOutput()
+        self.output: torch.Tensor | None = None
+        self.discarded = False
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        self.output = self.checkpoint.checkpoint(_dropout_block, x, weight)
+        return self.output
+
+    def hook(self, loss: torch.Tensor) -> None:
+        self.checkpoint.discard_output_and_register_recompute(loss)
+        self.discarded = self.output is not None and self.output.untyped_storage().nbytes() == 0
+
+
+def replay_problems() -> list[str]:
+    """One line per checkpoint whose replay under dropout is not bitwise plain autograd's."""
+    expected = _run(_dropout_block)
+    problems = []
+    output_discard = _OutputDiscard()
+    for name, forward in (
+        (
+            "CheckpointFunction",
+            lambda x, w: mcore_random.checkpoint(_dropout_block, False, x, w),
+        ),
+        ("CheckpointWithoutOutput", output_discard),
+    ):
+        try:
+            actual = _run(forward)
+        except Exception as exc:  # noqa: BLE001 - any failure of the real checkpoint is the verdict
+            problems.append(f"{name} raised under dropout: {type(exc).__name__}: {exc}")
+            continue
+        differing = [
+            what
+            for what, a, b in zip(("loss", "grad x", "grad weight"), expected, actual, strict=True)
+            if b is None or not torch.equal(a, b)
+        ]
+        if differing:
+            problems.append(
+                f"{name} does not replay dropout bitwise (differs in {', '.join(differing)})"
+            )
+    if not problems and not output_discard.discarded:
+        problems.append("CheckpointWithoutOutput kept its output's storage (no discard happened)")
+    return problems
+
+
+def self_check_problems() -> list[str]:
+    """Every way the adapter fails on this revision, one line each (empty: it works here)."""
+    te_names = _te_imports(mcore_random)
+    problems = [
+        f"the CPU adapter does not bind {name}"
+        + (" (a Transformer Engine name)" if name in te_names else "")
+        + f", which {', '.join(sorted(set(where)))} looks up in {mcore_random.__name__}"
+        for name, where in sorted(unbound_output_discard_names().items())
+    ]
+    return problems or replay_problems()
+
+
+def require_working_adapter(action: str) -> list[str]:
+    """Run the self-check on this revision; raise ``UsageError`` (exit 2, one line) when it fails.
+    Returns ``replaced_drift()``: reported, not refused. ``action`` says what a failure refuses."""
+    init_cpu_parallel_state()
+    problems = self_check_problems()
+    if problems:
+        mcore = collect_revisions()["megatron_core"] or {}
+        raise UsageError(
+            f"refusing to {action}: the CPU adapter fails its self-check on megatron-core "
+            f"{mcore.get('version')} (fingerprint {mcore.get('fingerprint')}): {'; '.join(problems)}"
+        )
+    return replaced_drift()

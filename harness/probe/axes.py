@@ -1,0 +1,225 @@
+"""Coverage as data: which configuration axes the probe measured, where, and why the rest is outside.
+
+Axes: precision, attention back end, MoE token dispatcher, tensor / pipeline parallelism, full
+recompute's method x ``recompute_num_layers``, and the layer kinds of the style models. Each value
+is ``measured`` (with the models it was measured on), or says why not: ``requires-CUDA`` when the
+installed Megatron Core was tried on CPU and needs CUDA (the exception is the reason), ``error`` /
+``rejected`` for what the revision raised, ``not-probed`` with the stated reason (another command
+measures it, or nothing does yet). Values are read from the probe's own results, the models it
+built and the installed ``TransformerConfig`` (the dispatcher names are its field's ``Literal``),
+never from a list of what a revision is expected to do. Per label: the passes that measured it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import typing
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.models import STYLE_MODELS, build_model
+from harness.probe.coverage import single_label_rows
+from harness.probe.plan import CONTROL, PRECISIONS
+from harness.probe.runner import ModelProbe
+from harness.probe.status import EFFECTIVE, failure_status
+
+MEASURED, NOT_PROBED = "measured", "not-probed"
+# The probe runs one process with TP = PP = EP = 1 (harness.cpu.adapter.init_cpu_parallel_state).
+# Where the other layouts are measured, or why they are not (docs/estimate.md, README "Coverage").
+OUTSIDE_THE_PROBE = {
+    ("tensor parallel", "TP 2 + sequence parallel"): (
+        "measured per layer by `estimate --recipe` (real MCore layers under a gloo TP group, "
+        "harness/estimate/), not per label by the probe: the probe runs one process"
+    ),
+    ("pipeline parallel", "PP 2"): (
+        "not measured on CPU: the probe runs one stage; per-stage retained bytes and 1F1B's "
+        "in-flight micro-batches need a pipeline schedule under torchrun (open, issue 23)"
+    ),
+}
+LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "Mamba", "MTP")
+MTP_REASON = (
+    "no style model has mtp_num_layers >= 1 yet (Megatron-LM #4966: MTP under full recompute "
+    "with a padding mask; open, issue 23)"
+)
+SKIP_FINAL_FIELD = "skip_final_recompute"  # Megatron-LM #4921: opt-in, not in every revision
+
+
+@dataclass
+class AxisValue:
+    axis: str
+    value: str
+    status: str
+    where: list[str] = field(default_factory=list)  # passes (model, precision, back end)
+    reason: str = ""
+
+
+def _pass_name(probe: ModelProbe) -> str:
+    return f"{probe.model} ({probe.precision}, {probe.attention_backend})"
+
+
+def _config_fields() -> dict[str, Any]:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    hints = typing.get_type_hints(TransformerConfig)
+    return {f.name: hints.get(f.name) for f in dataclasses.fields(TransformerConfig)}
+
+
+def dispatcher_names() -> tuple[str, ...]:
+    """The token dispatchers the installed ``TransformerConfig`` declares (its field's Literal)."""
+    return tuple(typing.get_args(_config_fields()["moe_token_dispatcher_type"]))
+
+
+def _try_dispatcher(model: str, dispatcher: str) -> tuple[str, str]:
+    """Build ``model`` with ``dispatcher`` and run one forward + backward of the control."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            built = build_model(model, CONTROL, moe_token_dispatcher_type=dispatcher)
+            built.loss(built.batch()).backward()
+    except Exception as exc:  # noqa: BLE001 - what the revision does on CPU is the finding
+        return failure_status(exc)
+    return MEASURED, "ran on CPU (forward + backward of []); not in the probe's goldens"
+
+
+def _layer_kinds(model: str) -> set[str]:
+    """The layer kinds a style model's built modules contain (class names, not its config)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        module = build_model(model, CONTROL).module
+    names = {type(m).__name__ for m in module.modules()}
+    kinds = set()
+    if "MLASelfAttention" in names:
+        kinds.add("MLA")
+    elif "SelfAttention" in names:
+        kinds.add("attention")
+    if "MLP" in names and any(
+        type(m).__name__ == "MLP" and name.endswith(".mlp") for name, m in module.named_modules()
+    ):
+        kinds.add("dense MLP")
+    if "MoELayer" in names:
+        kinds.add("MoE")
+    if any("Mamba" in name for name in names):
+        kinds.add("Mamba")
+    if any("MultiTokenPrediction" in name for name in names):
+        kinds.add("MTP")
+    return kinds
+
+
+def _mamba_reason() -> str:
+    missing = [
+        name for name in ("mamba_ssm", "causal_conv1d") if not importlib.util.find_spec(name)
+    ]
+    kernels = ", ".join(missing) if missing else "mamba_ssm / causal_conv1d"
+    return (
+        f"no style model has Mamba layers: their kernels ({kernels}) need CUDA and have no CPU "
+        "stand-in here (issue 23 item 3)"
+    )
+
+
+def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
+    """The coverage of ``probes`` (every pass of one probe command) as JSON-ready data."""
+    values: list[AxisValue] = []
+    passes = [_pass_name(probe) for probe in probes]
+    models = list(dict.fromkeys(probe.model for probe in probes))
+
+    def add(axis: str, value: str, where: list[str], reason_if_none: str) -> None:
+        if where:
+            values.append(AxisValue(axis, value, MEASURED, where))
+        else:
+            values.append(AxisValue(axis, value, NOT_PROBED, reason=reason_if_none))
+
+    for precision in PRECISIONS:
+        add(
+            "precision",
+            precision,
+            [p for p, probe in zip(passes, probes, strict=True) if probe.precision == precision],
+            f"not in this run: probe --precision {precision}",
+        )
+    for backend in ("unfused", "fused"):
+        add(
+            "attention back end",
+            backend,
+            [
+                p
+                for p, probe in zip(passes, probes, strict=True)
+                if probe.attention_backend == backend
+            ],
+            f"not in this run: probe --attention-backend {backend} (its own goldens)",
+        )
+    moe_models = [m for m in models if "num_moe_experts" in STYLE_MODELS[m].config_kwargs]
+    for dispatcher in dispatcher_names():
+        native = [
+            m
+            for m in moe_models
+            if STYLE_MODELS[m].config_kwargs.get("moe_token_dispatcher_type") == dispatcher
+        ]
+        if native:
+            values.append(AxisValue("MoE token dispatcher", dispatcher, MEASURED, native))
+            continue
+        for model in moe_models[:1]:  # one MoE model is enough to find what the dispatcher needs
+            status, reason = _try_dispatcher(model, dispatcher)
+            values.append(AxisValue("MoE token dispatcher", dispatcher, status, [model], reason))
+    values.append(AxisValue("tensor parallel", "TP 1", MEASURED, models))
+    values.append(AxisValue("pipeline parallel", "PP 1", MEASURED, models))
+    for (axis, value), reason in OUTSIDE_THE_PROBE.items():
+        values.append(AxisValue(axis, value, NOT_PROBED, reason=reason))
+    values += _full_recompute_values(probes)
+    kinds = {model: _layer_kinds(model) for model in models}
+    why_not = {"Mamba": _mamba_reason(), "MTP": MTP_REASON}
+    for kind in LAYER_KINDS:
+        where = [model for model in models if kind in kinds[model]]
+        add("layer kind", kind, where, why_not.get(kind, "no probed model has this layer kind"))
+    return {
+        "axes": [dataclasses.asdict(value) for value in values],
+        "labels": _label_passes(probes),
+    }
+
+
+def _full_recompute_values(probes: list[ModelProbe]) -> list[AxisValue]:
+    """method x recompute_num_layers per pass, as measured or as the revision's status; and
+    ``skip_final_recompute``, which only some revisions' TransformerConfig has."""
+    found: dict[tuple[str | None, str], AxisValue] = {}
+    for probe in probes:
+        for row in probe.rows:
+            if row.fields.granularity != "full":
+                continue
+            key = (row.fields.method, f"{row.fields.method} x {row.fields.num_layers}")
+            name = _pass_name(probe)
+            entry = found.setdefault(key, AxisValue("full recompute", key[1], MEASURED))
+            if row.measured:
+                entry.where.append(name)
+            else:
+                entry.reason += f"{'; ' if entry.reason else ''}{name}: {row.status}: {row.reason}"
+                if not entry.where:
+                    entry.status = row.status
+    values = sorted(
+        found.values(), key=lambda v: (v.value.split(" x ")[0], int(v.value.split(" x ")[1]))
+    )
+    has_field = SKIP_FINAL_FIELD in _config_fields()
+    values.append(
+        AxisValue(
+            "full recompute",
+            SKIP_FINAL_FIELD,
+            NOT_PROBED,
+            reason=(
+                f"TransformerConfig has {SKIP_FINAL_FIELD}; the probe has no row for it yet (open)"
+                if has_field
+                else f"this revision's TransformerConfig has no {SKIP_FINAL_FIELD} field "
+                "(Megatron-LM #4921)"
+            ),
+        )
+    )
+    return values
+
+
+def _label_passes(probes: list[ModelProbe]) -> dict[str, list[str]]:
+    """label -> the passes where its single-label row was effective (empty: unmeasured)."""
+    labels: dict[str, list[str]] = {}
+    for probe in probes:
+        for row in single_label_rows(probe):
+            where = labels.setdefault(row.label, [])
+            if row.status == EFFECTIVE:
+                where.append(_pass_name(probe))
+    return labels

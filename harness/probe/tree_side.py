@@ -1,0 +1,66 @@
+"""One side of ``recompute-harness diff``: run in a child process whose ``PYTHONPATH`` puts a Megatron
+Core tree first, it prints (JSON on stdout) what that tree does: its identity, the labels its
+validator accepts, and a probe of every style model. A tree on which the CPU adapter fails its
+self-check is refused (one line on stderr, exit 2): its numbers would not be Megatron Core's.
+
+``python -m harness.probe.tree_side [--attention-backend unfused|fused] [--model NAME ...]``
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from harness.cpu.deferred_compile import defer_compile_before_megatron_core
+from harness.errors import EXIT_USAGE
+from harness.noise import silence_known_noise
+
+
+def describe_tree(attention_backend: str, models: list[str] | None = None) -> dict:
+    """Identity, accepted labels and every style model's probe rows of the imported Megatron Core."""
+    from harness.config.labels import accepted_labels
+    from harness.config.revisions import megatron_core_identity
+    from harness.cpu.adapter import init_cpu_parallel_state, replaced_drift
+    from harness.cpu.self_check import self_check_problems
+    from harness.models import STYLE_MODELS
+    from harness.probe.runner import probe_models
+    from harness.probe.table import probe_json
+
+    init_cpu_parallel_state()
+    problems = self_check_problems()
+    identity = megatron_core_identity()
+    return {
+        "identity": {key: identity[key] for key in ("root", "version", "commit", "fingerprint")},
+        "self_check": problems,
+        "adapter_drift": replaced_drift(),
+        "labels": sorted(accepted_labels()),
+        "probes": []
+        if problems
+        else [
+            probe_json(probe)
+            for probe in probe_models(
+                models or list(STYLE_MODELS), attention_backend=attention_backend
+            )
+        ],
+    }
+
+
+def main(argv: list[str]) -> int:
+    defer_compile_before_megatron_core()
+    silence_known_noise()
+    backend = (
+        argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else "unfused"
+    )
+    described = describe_tree(backend)
+    print(json.dumps(described))
+    if described["self_check"]:
+        print(
+            "the CPU adapter fails its self-check here: " + "; ".join(described["self_check"]),
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,71 @@
+"""Every supported Megatron Core revision is judged against its committed goldens, for real: the
+released 0.18.2 and 0.19.0 as wheel overlays, the development head as a Megatron-LM work tree at
+``overlays.HEAD_COMMIT`` (skipped, with the reason, where no Megatron-LM repository is at hand);
+a comment-only edit of a recompute file is "same behaviour" in labels --check, probe --check-golden
+and diff. Its own CI step (``pytest -m revisions -n 2``, .ci/run), outside the CPU tier's budget."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from overlays import megatron_lm_tree, overlay
+
+from harness.config.revisions import megatron_core_root
+
+pytestmark = pytest.mark.revisions
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def harness(tree: Path | None, *argv: str) -> subprocess.CompletedProcess:
+    path = [str(tree)] if tree is not None else []
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])},
+    )
+
+
+def head_tree() -> Path:
+    try:
+        return megatron_lm_tree()
+    except LookupError as exc:
+        pytest.skip(f"no development head tree: {exc}")
+
+
+@pytest.mark.parametrize("revision", ["0.18.2", "0.19.0", "head"])
+def test_each_revision_matches_its_committed_goldens(revision):
+    tree = head_tree() if revision == "head" else overlay(revision)
+    labels = harness(tree, "labels", "--check")
+    assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
+    probe = harness(tree, "probe", "--all", "--check-golden")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
+    assert probe.stdout.count(": matches cpu-probe-") == 3
+
+
+def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
+    installed = megatron_core_root().parent
+    copy = tmp_path / "edited"
+    shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    random_py = copy / "megatron" / "core" / "tensor_parallel" / "random.py"
+    random_py.write_text(random_py.read_text() + "\n# a comment: no behaviour changes here\n")
+
+    labels = harness(copy, "labels", "--check")
+    assert labels.returncode == 0 and labels.stdout.startswith("same behaviour: "), labels
+    probe = harness(copy, "probe", "--model", "dense-tiny", "--check-golden")
+    assert probe.returncode == 0, probe.stdout[-3000:]
+    assert "dense-tiny: same behaviour: no golden " in probe.stdout
+    diff = harness(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert diff.stdout.rstrip().endswith(
+        "verdict: same behaviour (new fingerprint, no value changed)"
+    )

@@ -1,0 +1,87 @@
+"""Coverage as data (harness.probe.axes): measured axis values, and why the others are outside."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state
+from harness.probe.axes import MEASURED, NOT_PROBED, coverage
+from harness.probe.plan import ProbeRow
+from harness.probe.runner import baseline, measure_row, probe_models
+from harness.probe.status import REQUIRES_CUDA
+
+# One MoE model, two rows, one precision, plus the dispatcher attempt and layer-kind builds (~4 s).
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def axes():
+    probes = probe_models(["moonlight-tiny"], [("moe",)], hang_probe=False)
+    found = coverage(probes)
+    return {(entry["axis"], entry["value"]): entry for entry in found["axes"]}, found["labels"]
+
+
+def test_the_style_models_dispatcher_is_measured(axes):
+    entries, _ = axes
+    assert entries[("MoE token dispatcher", "allgather")]["status"] == MEASURED
+    assert entries[("MoE token dispatcher", "allgather")]["where"] == ["moonlight-tiny"]
+
+
+def test_alltoall_is_tried_and_says_it_needs_cuda(axes):
+    entries, _ = axes
+    alltoall = entries[("MoE token dispatcher", "alltoall")]
+    if torch.cuda.is_available():
+        assert alltoall["status"] == MEASURED
+    else:
+        # 0.19.2's MoEAlltoAllTokenDispatcher creates a torch.cuda.Stream in __init__.
+        assert alltoall["status"] == REQUIRES_CUDA
+        assert "megatron/core/transformer/moe/" in alltoall["reason"]
+
+
+def test_layer_kinds_come_from_the_built_modules(axes):
+    entries, _ = axes
+    # moonlight-tiny: MLA attention, a dense first layer, then MoE layers.
+    for kind in ("MLA", "dense MLP", "MoE"):
+        assert entries[("layer kind", kind)]["status"] == MEASURED
+    assert entries[("layer kind", "attention")]["status"] == NOT_PROBED
+    assert "CUDA" in entries[("layer kind", "Mamba")]["reason"]
+
+
+def test_axes_outside_the_probe_say_why(axes):
+    entries, _ = axes
+    for key in (("pipeline parallel", "PP 2"), ("tensor parallel", "TP 2 + sequence parallel")):
+        assert entries[key]["status"] == NOT_PROBED and entries[key]["reason"]
+    assert "#4921" in entries[("full recompute", "skip_final_recompute")]["reason"]
+    assert entries[("precision", "bf16")]["reason"] == "not in this run: probe --precision bf16"
+
+
+def test_labels_list_the_passes_that_measured_them(axes):
+    _, labels = axes
+    assert labels == {"moe": ["moonlight-tiny (fp32, unfused)"]}
+
+
+def test_probe_coverage_json(capsys):
+    argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn"]
+    assert main([*argv, "--precision", "fp32", "--coverage", "--json"]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert {"axis": "precision", "value": "fp32"}.items() <= found["axes"][0].items()
+    assert found["labels"]["core_attn"] == ["dense-tiny (fp32, unfused)"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the alltoall dispatcher builds")
+def test_a_row_mcore_cannot_build_on_cpu_is_a_requires_cuda_row_not_a_traceback():
+    init_cpu_parallel_state()
+    base = baseline("moonlight-tiny")
+    row = measure_row(
+        "moonlight-tiny",
+        ProbeRow(RecomputeFields.full("uniform", 1)),
+        base,
+        moe_token_dispatcher_type="alltoall",  # the overrides reach TransformerConfig
+    )
+    assert row.status == REQUIRES_CUDA and not row.measured
+    assert "token_dispatcher.py" in row.reason  # the MCore line that asked for CUDA
