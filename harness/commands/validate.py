@@ -95,9 +95,9 @@ def run(args: argparse.Namespace) -> int:
     except (TypeError, AttributeError, KeyError) as exc:
         raise UsageError(f"Megatron Core could not use these field values: {exc}") from None
     result = verdict.as_dict()
-    effective = verdict.effective
+    effective = verdict.effective  # None exactly when rejected
     if (
-        verdict.accepted
+        effective is not None
         and effective.granularity == "full"
         and effective.modules
         and args.modules is not None

@@ -8,9 +8,10 @@ if it got further than the control it is ``advanced-but-failed``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, cast
 
 from harness.errors import UsageError
 from harness.record.effects import completed, effects, is_control
@@ -126,6 +127,8 @@ def _stage(outcome: Outcome) -> str:
 def _row(record: Record, control: Record | None) -> Row:
     headline = record.headline
     peak, reserved = headline["peak_allocated_bytes"], headline["peak_reserved_bytes"]
+    # The schema checks a metric in "iterations" is an integer (record/schema.py, on load).
+    after = cast(int | None, headline["peak_after_iteration"])
     allocated_pct = reserved_pct = time_pct = None
     note = ""
     if control is not None and record is not control:
@@ -154,7 +157,7 @@ def _row(record: Record, control: Record | None) -> Row:
         status=record.outcome.status,
         stage=_stage(record.outcome),
         peak_allocated_gb=None if peak is None else peak / GB,
-        peak_after_iteration=headline["peak_after_iteration"],
+        peak_after_iteration=after,
         peak_reserved_gb=None if reserved is None else reserved / GB,
         step_time_ms=headline["step_time_ms"],
         tflops_per_gpu=headline["tflops_per_gpu"],
@@ -172,19 +175,22 @@ def _failed_verdict(row: Row, record: Record, control: Record | None) -> None:
         row.note = row.note or "failed where the control completed"
         return
     mine, theirs = _progress(record), _progress(control)
-    relief = (
-        row.allocated_vs_control_pct is not None
-        and row.allocated_vs_control_pct <= -MATERIAL_SAVING_PCT
-    )
+    saving = row.allocated_vs_control_pct
     if record.outcome.status == "advanced-but-failed" or (mine and theirs and mine > theirs):
         row.verdict, row.note = (
             "advanced-but-failed",
             "got further than the control but still failed; not a pass",
         )
-    elif relief and mine is not None and theirs is not None and mine >= theirs:
+    elif (
+        saving is not None
+        and saving <= -MATERIAL_SAVING_PCT  # relief: a material saving at the same checkpoint
+        and mine is not None
+        and theirs is not None
+        and mine >= theirs
+    ):
         row.verdict = "advanced-but-failed"
         row.note = (
-            f"{-row.allocated_vs_control_pct:.2f}% less allocated than the control at iteration "
+            f"{-saving:.2f}% less allocated than the control at iteration "
             f"{row.peak_after_iteration}, but still failed; not a pass"
         )
     elif mine is not None and theirs is not None and mine < theirs:
@@ -290,11 +296,15 @@ def _revisions(record: Record) -> str:
     return ", ".join(parts)
 
 
+def ranked_rows(rows: Iterable[Row]) -> list[tuple[int, Row]]:
+    """The ranked rows with their rank, first choice first."""
+    return sorted(((row.rank, row) for row in rows if row.rank is not None), key=itemgetter(0))
+
+
 def _conclusions(rows: list[Row]) -> list[str]:
-    ranked = sorted((row for row in rows if row.rank is not None), key=lambda r: r.rank)
-    first = ranked[0] if ranked else None
+    ranked = ranked_rows(rows)
     lines = []
-    for row in ranked:
+    for rank, row in ranked:
         cost = (
             ""
             if row.time_vs_control_pct is None
@@ -305,12 +315,9 @@ def _conclusions(rows: list[Row]) -> list[str]:
             if row.allocated_vs_control_pct is None
             else f"{row.allocated_vs_control_pct:+.2f}% allocated vs []"
         )
-        where = "first choice" if row.rank == 1 else f"choice {row.rank}"
-        if (
-            row.rank > 1
-            and first.peak_allocated_gb is not None
-            and row.peak_allocated_gb is not None
-        ):
+        where = "first choice" if rank == 1 else f"choice {rank}"
+        _, first = ranked[0]  # here, in the loop, there is a first choice
+        if rank > 1 and first.peak_allocated_gb is not None and row.peak_allocated_gb is not None:
             extra = (
                 f" ({(row.peak_allocated_gb - first.peak_allocated_gb) * 1000:+.0f} MB = "
                 f"{_pct(row.peak_allocated_gb, first.peak_allocated_gb):+.2f}% allocated, "

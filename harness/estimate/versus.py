@@ -57,15 +57,15 @@ def estimate_vs_measured(analysis: Analysis, estimate: dict[str, Any]) -> list[V
     control = next((row for row in analysis.rows if row.verdict == "control"), None)
     measured: dict[str, int | None] = {}
     for row in analysis.rows:
-        comparable = (
+        if (
             control is not None
             and row.peak_allocated_gb is not None
             and control.peak_allocated_gb is not None
             and (row is control or row.allocated_vs_control_pct is not None)
-        )
-        measured[row.label] = (
-            round((control.peak_allocated_gb - row.peak_allocated_gb) * GB) if comparable else None
-        )
+        ):
+            measured[row.label] = round((control.peak_allocated_gb - row.peak_allocated_gb) * GB)
+        else:
+            measured[row.label] = None
     out = []
     for row in estimate["rows"]:
         estimated = row["saving_bytes"]

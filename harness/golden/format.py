@@ -25,7 +25,7 @@ from harness.record.metrics import (
     default_tolerance_policy,
     metrics_in,
 )
-from harness.record.model import PIN_KEYS, Record
+from harness.record.model import PIN_KEYS, ProbeMetrics, Record
 from harness.record.schema import KINDS, PHASES, STATUSES, Checker, check_recompute
 
 GOLDEN_SCHEMA = "recompute-harness/golden"
@@ -140,7 +140,7 @@ def golden_values(
 ) -> dict[str, int | float | None]:
     """The golden-comparable values of one record (registry: ``Metric.golden``): its peaks in
     ``scope``, and, with the set's ``control``, its effects against it."""
-    if record.kind == "cpu-probe":
+    if isinstance(record.metrics, ProbeMetrics):  # the metrics of every cpu-probe record
         return dict(record.metrics.values)
     values = record.run_metrics.golden_values(RUN_GOLDEN_METRICS)
     if scope is not None:

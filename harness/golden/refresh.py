@@ -10,15 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from harness.errors import UsageError
 from harness.golden.format import Golden, golden_from_records
 from harness.golden.store import golden_path_for, newest_like, write_golden
 from harness.record.build import now_iso
-from harness.record.model import Record
+from harness.record.model import Number, Record
 
 REFRESH_SOURCE = "recompute-harness golden refresh"
+
+# (row, metric, old, new, Δ%): old and new are outcome statuses, metric values or "present"/"removed".
+DiffLine = tuple[str, str, str | Number | None, str | Number | None, float | None]
 
 
 @dataclass
@@ -26,12 +28,12 @@ class Refreshed:
     path: Path
     golden: Golden
     previous: Path | None
-    diff: list[tuple[str, str, Any, Any, float | None]]  # (row, metric, old, new, Δ%)
+    diff: list[DiffLine]
 
 
-def _diff(old: Golden | None, new: Golden) -> list[tuple[str, str, Any, Any, float | None]]:
+def _diff(old: Golden | None, new: Golden) -> list[DiffLine]:
     old_rows = {row.label: row for row in (old.rows if old is not None else [])}
-    lines = []
+    lines: list[DiffLine] = []
     for row in new.rows:
         before = old_rows.pop(row.label, None)
         old_outcome = None if before is None else before.outcome["status"]

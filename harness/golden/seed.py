@@ -31,7 +31,15 @@ from harness.golden.format import golden_from_records
 from harness.golden.store import golden_path_for, golden_root, writable, write_golden
 from harness.record.build import new_record, outcome, parallelism, workload
 from harness.record.io import read_json
-from harness.record.model import Hardware, Headline, Outcome, Record, RunMetrics, SteadyWindow
+from harness.record.model import (
+    Hardware,
+    Headline,
+    Outcome,
+    ParallelLayout,
+    Record,
+    RunMetrics,
+    SteadyWindow,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_CARD = REPO / "harness" / "data" / "reference" / "card.yaml"
@@ -59,7 +67,7 @@ STUDY_PEAK_SCOPES = {"Moonlight 16B": "dp-rank0", "Nemotron 3 Nano": "rank0"}
 _WORKLOAD_EXTRA = ("task", "architecture", "execution", "measurement", "golden_tflops")
 
 
-def _parallelism(study: dict[str, Any]) -> dict[str, int | None]:
+def _parallelism(study: dict[str, Any]) -> ParallelLayout:
     stated = {name.lower(): int(size) for name, size in _PARALLEL_RE.findall(study["parallelism"])}
     # The card's layout strings omit unused dimensions (size 1); vpp/expert_dp stay null when unstated.
     return parallelism(
@@ -179,12 +187,13 @@ def derive_sources(
 
 def _revisions(study: dict[str, Any], sources: dict[str, dict[str, str]]) -> dict[str, Any]:
     pins = study.get("revisions") or {}
-    derived = sources.get(pins.get("megatron_core"), {})
+    commit = pins.get("megatron_core")
+    derived = sources.get(commit, {}) if commit is not None else {}
     return {
         "torch": None,
         "megatron_core": {
             "version": derived.get("version"),
-            "commit": pins.get("megatron_core"),
+            "commit": commit,
             "fingerprint": derived.get("fingerprint"),
         },
         "megatron_bridge": {"version": None, "commit": pins["bridge"]}

@@ -99,8 +99,10 @@ class IsolatedProbe:
         )
 
     def outcome(self) -> IsolatedOutcome:
+        stdout = self.process.stdout
+        assert stdout is not None  # Popen(stdout=PIPE) above
         selector = selectors.DefaultSelector()
-        selector.register(self.process.stdout, selectors.EVENT_READ)
+        selector.register(stdout, selectors.EVENT_READ)
         deadline = self.started + self.startup_timeout_s
         ready_at: float | None = None
         payload = None
@@ -116,7 +118,7 @@ class IsolatedProbe:
                 )
             if not selector.select(timeout=remaining):
                 continue
-            line = self.process.stdout.readline()
+            line = stdout.readline()
             if line == "":  # child exited
                 break
             line = line.strip()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.compare.analysis import Analysis, Row
+from harness.compare.analysis import Analysis, Row, ranked_rows
 from harness.files import atomic_path
 
 
@@ -77,6 +77,8 @@ def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
             for row in rows
             if row.verdict in ("failed", "advanced-but-failed") and _saving_pct(row) is not None
         ]
+        # Every placed row has a step-time cost (the filter above); this narrows it for the checker.
+        times = [cost for row in placed if (cost := row.time_vs_control_pct) is not None]
         axes.scatter([0.0], [0.0], marker="s", color="black", label="[] control")
         for row in placed:
             marker, color = ("o", "tab:green") if row.rank else ("x", "tab:gray")
@@ -89,7 +91,7 @@ def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
                 xytext=(4, 4),
                 fontsize=7,
             )
-        front = sorted((row for row in placed if row.rank), key=lambda r: r.rank)
+        front = [row for _, row in ranked_rows(placed)]
         if front:
             axes.plot(
                 [0.0, *(r.time_vs_control_pct for r in front)],
@@ -99,7 +101,7 @@ def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
                 label="Pareto front (ranked)",
             )
         if failed:
-            edge = max([0.0, *(row.time_vs_control_pct for row in placed)]) * 1.15 + 1.0
+            edge = max([0.0, *times]) * 1.15 + 1.0
             for row in failed:
                 axes.scatter(edge, _saving_pct(row), marker="v", color="tab:red")
                 axes.annotate(
@@ -120,9 +122,9 @@ def plot_analysis(analysis: Analysis, path: Path) -> list[str]:
             "step-time cost vs [] (%)  —  failed rows at the right edge, at their checkpoint"
         )
         axes.set_ylabel("allocated memory saved vs [] (%)")
-        right = max([1.0, *(row.time_vs_control_pct for row in placed)])
+        right = max([1.0, *times])
         axes.set_xlim(
-            left=min([0.0, *(row.time_vs_control_pct for row in placed)]) - 0.5,
+            left=min([0.0, *times]) - 0.5,
             right=max(axes.get_xlim()[1], right * 1.6),
         )  # room for the labels
         axes.legend(fontsize=7, loc="center right")

@@ -43,9 +43,11 @@ def run_record(
 ) -> Record:
     """A completed run (or one that failed in the forward of iteration ``died_in``), one row per rank.
     ``growth_after``: the peaks grow by 1 GB after that iteration (a pool allocated later in the run)."""
-    if status != "completed" and died_in is None:
-        died_in = iterations
-    done = iterations if status == "completed" else died_in - 1
+    if status == "completed":
+        done = iterations
+    else:
+        died_in = iterations if died_in is None else died_in
+        done = died_in - 1
     rows = [
         iteration_row(i, step_time_ms=step_ms, loss=2.0, tflops_per_gpu=100.0)
         for i in range(1, done + 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import Any
 
 import pytest
 from record_samples import PROVENANCE, REVISIONS, refresh, run_record
@@ -86,13 +87,15 @@ def _mutated(path: str, value):
         [run_record(), run_record("layernorm", step_ms=450.0)], PROVENANCE
     ).to_json()
     *parents, last = path.split(".")
-    target = golden
-    for key in parents:
-        target = target[int(key)] if key.isdigit() else target[key]
-    if value is KeyError:
+    target: dict[str, Any] | list[Any] = golden
+    for key in parents:  # a number indexes a list (rows.0), a name an object
+        target = target[int(key)] if isinstance(target, list) else target[key]
+    if isinstance(target, list):
+        target[int(last)] = value
+    elif value is KeyError:
         del target[last]
     else:
-        target[int(last) if last.isdigit() else last] = value
+        target[last] = value
     return golden
 
 

@@ -67,6 +67,7 @@ def _watch(parent: subprocess.Popen, marker: str) -> None:
     assert _wait_for(lambda: _isolated_children(marker) or parent.poll() is not None, 120), (
         "nothing started"
     )
+    assert parent.stderr is not None  # started with stderr=PIPE
     assert _isolated_children(marker), f"the isolated child never started: {parent.stderr.read()}"
 
 

@@ -47,9 +47,11 @@ def _training_pids(out: Path, runner: subprocess.Popen) -> list[int]:
     while time.monotonic() < deadline and runner.poll() is None:
         events = sorted(out.glob("*/rows/control/events/rank*.jsonl"))
         ranks = [read_rank(path, i) for i, path in enumerate(events)]
-        if len(ranks) == 2 and all(rank.iterations for rank in ranks):
-            return [rank.pid for rank in ranks]
+        pids = [rank.pid for rank in ranks if rank.iterations and rank.pid is not None]
+        if len(ranks) == 2 and len(pids) == 2:
+            return pids
         time.sleep(0.2)
+    assert runner.stderr is not None  # started with stderr=PIPE
     pytest.fail(
         f"the sweep never trained: {runner.stderr.read().decode() if runner.poll() is not None else 'timeout'}"
     )
