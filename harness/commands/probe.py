@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from harness.commands.options import add_golden_dir
 from harness.config.revisions import require_identity
@@ -78,9 +79,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_golden_dir(parser)
 
 
-def _sizes(args: argparse.Namespace) -> dict[str, int]:
+def _sizes(args: argparse.Namespace) -> dict[str, Any]:
     """Model-size overrides, after refusing nonsense values and combinations."""
-    sizes = {}
+    sizes: dict[str, Any] = {}
     for name in ("seq_length", "micro_batch_size"):
         value = getattr(args, name)
         if value is not None:

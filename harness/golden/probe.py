@@ -54,7 +54,7 @@ def refresh_command(attention_backend: str = "unfused") -> str:
     )
 
 
-CPU_HARDWARE = {"device": "cpu", "gpu_count": 0}
+CPU_DEVICE, CPU_GPU_COUNT = "cpu", 0
 
 
 def recipe_name(model: str, attention_backend: str = "unfused", precision: str = "fp32") -> str:
@@ -74,14 +74,16 @@ def _not_bitwise(equivalence: Equivalence) -> int:
 
 
 def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
+    values = row.values()
+    carried = {} if row.carried_bytes is None else {"carried_bytes": row.carried_bytes}
     return cpu_probe_metrics(
-        retained_bytes=row.retained_bytes,
-        backward_flops=row.backward_flops,
-        replay_bytes=row.replay_bytes,
-        replay_ops=row.replay_ops,
-        not_bitwise_values=_not_bitwise(row.equivalence),
-        dropout_not_bitwise_values=_not_bitwise(row.dropout_equivalence),
-        carried_bytes=row.carried_bytes,
+        retained_bytes=values.retained_bytes,
+        backward_flops=values.backward_flops,
+        replay_bytes=values.replay_bytes,
+        replay_ops=values.replay_ops,
+        not_bitwise_values=_not_bitwise(values.equivalence),
+        dropout_not_bitwise_values=_not_bitwise(values.dropout_equivalence),
+        **carried,
         **{
             f"peak_{phase}_bytes": row.step_peaks[phase]["step_bytes"]
             for phase in PHASES
@@ -113,7 +115,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     parallelism=parallelism(),
                     extra={"probe_status": row.status},
                 ),
-                hardware=hardware(CPU_HARDWARE["device"], CPU_HARDWARE["gpu_count"]),
+                hardware=hardware(CPU_DEVICE, CPU_GPU_COUNT),
                 recompute=row.fields,
                 metrics=row_metrics(row),
                 outcome=outcome(
@@ -223,10 +225,10 @@ def _unmeasured_changes(golden: Golden, unmeasured: list[dict[str, Any]]) -> lis
         old, new = before.get(label), now.get(label)
         if old is not None and new is not None and _unmeasured_key(old) == _unmeasured_key(new):
             continue
-        if new is None:
-            lines.append(f"{label}: now measured (was unmeasured: {describe_unmeasured(old)})")
-        else:
+        if new is not None:
             lines.append(f"{label}: unmeasured: {describe_unmeasured(new)}")
+        elif old is not None:
+            lines.append(f"{label}: now measured (was unmeasured: {describe_unmeasured(old)})")
     return lines
 
 
@@ -276,7 +278,7 @@ def golden_step(
         raised = [row.label for row in probe.rows if row.status == ERROR]
         if write and raised:
             lines.append(
-                f"{probe.model}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
+                f"{probe.pass_name}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
             )
             differs = True
         elif write:

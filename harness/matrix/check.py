@@ -19,7 +19,7 @@ class Disagreement:
         def verdict(result: Prediction | Verdict) -> str:
             text = (
                 f"accept as {result.effective.as_dict()}"
-                if result.accepted
+                if result.accepted and result.effective is not None
                 else f"reject [{result.rule}]"
             )
             return text + (f" warn {list(result.warning_rules)}" if result.warning_rules else "")
@@ -57,7 +57,7 @@ def minimize(oracle: Oracle, found: Disagreement) -> Disagreement:
         current = compare(oracle, replace(current.scenario, options=tuple(options))) or current
     modules = current.scenario.modules
     for label in list(modules or ()):
-        shorter = list(current.scenario.modules)
+        shorter = list(current.scenario.modules or ())
         shorter.remove(label)
         current = compare(oracle, replace(current.scenario, modules=tuple(shorter))) or current
     return current

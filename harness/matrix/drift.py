@@ -58,7 +58,10 @@ def _literal_text(node: ast.AST) -> str | None:
         return node.value
     if isinstance(node, ast.JoinedStr):
         return "".join(
-            part.value if isinstance(part, ast.Constant) else _PLACEHOLDER for part in node.values
+            part.value
+            if isinstance(part, ast.Constant) and isinstance(part.value, str)
+            else _PLACEHOLDER
+            for part in node.values
         )
     return None
 

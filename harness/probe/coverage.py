@@ -47,7 +47,7 @@ def describe_unmeasured(entry: dict[str, Any]) -> str:
 
 
 def unmeasured_everywhere(probes: list[ModelProbe]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-    """label -> [(model, entry)] for the labels that no probed model exercises."""
+    """label -> [(model pass, entry)] for the labels that no probed model exercises."""
     exercised = {
         row.label for probe in probes for row in single_label_rows(probe) if row.status == EFFECTIVE
     }
@@ -55,5 +55,5 @@ def unmeasured_everywhere(probes: list[ModelProbe]) -> dict[str, list[tuple[str,
     for probe in probes:
         for entry in unmeasured_entries(probe):
             if entry["label"] not in exercised:
-                found.setdefault(entry["label"], []).append((probe.model, entry))
+                found.setdefault(entry["label"], []).append((probe.pass_name, entry))
     return found

@@ -22,6 +22,7 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
 from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
+from harness.probe.carried import frozen_across_rows
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.probe.measure import Measurement, measure
 from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
@@ -50,6 +51,18 @@ HANG_PROBE_MODELS = ("dense-tiny",)
 DTYPES = dict(zip(PRECISIONS, (torch.float32, torch.bfloat16), strict=True))
 
 
+@dataclass(frozen=True)
+class ProbeValues:
+    """What a measured probe row always has, as non-optional values."""
+
+    retained_bytes: int
+    backward_flops: int
+    replay_bytes: int
+    replay_ops: int
+    equivalence: Equivalence  # fp32, dropout off
+    dropout_equivalence: Equivalence
+
+
 @dataclass(kw_only=True)
 class ProbeRowResult(MeasuredRow):
     """A probe row: the shared verdict, plus what only the CPU probe measures."""
@@ -72,6 +85,20 @@ class ProbeRowResult(MeasuredRow):
     # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
     # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
     step_peaks: dict[str, Any] = field(default_factory=dict)
+
+    def values(self) -> ProbeValues:
+        """The counts and verdicts every measured row has (ValueError for a row that was not)."""
+        values = (
+            self.retained_bytes,
+            self.backward_flops,
+            self.replay_bytes,
+            self.replay_ops,
+            self.equivalence,
+            self.dropout_equivalence,
+        )
+        if any(value is None for value in values):
+            raise ValueError(f"{self.label}: not measured ({self.status})")
+        return ProbeValues(*values)  # type: ignore[arg-type]
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -104,6 +131,17 @@ class ModelProbe:
     @property
     def control(self) -> ProbeRowResult:
         return next(row for row in self.rows if row.fields == CONTROL and not row.add_bias_linear)
+
+    @property
+    def pass_name(self) -> str:
+        """The model, with the back end and precision when they are not the default pass's: one model
+        is probed in several passes, and a message about one row must say which."""
+        qualifiers = [
+            value
+            for value, default in ((self.attention_backend, "unfused"), (self.precision, "fp32"))
+            if value != default
+        ]
+        return f"{self.model} ({', '.join(qualifiers)})" if qualifiers else self.model
 
 
 @dataclass
@@ -183,6 +221,8 @@ def measure_row(
         result = measure(built, seed=seed)
     except Exception as exc:  # noqa: BLE001
         return _failed_row(row, exc)
+    if result.carried is None or result.peaks is None:
+        raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
@@ -321,7 +361,7 @@ def probe_models(
 
     try:
         init_cpu_parallel_state(seed=seed)
-        with single_thread():
+        with single_thread(), frozen_across_rows():
             probes = {
                 style.name: _probe_in_process(
                     style,
@@ -401,7 +441,7 @@ def _measure_or_error(
 def probe_errors(probes: list[ModelProbe]) -> list[str]:
     """``model / label: reason`` for every row recorded as ``error``."""
     return [
-        f"{probe.model} / {row.label}: {row.reason}"
+        f"{probe.pass_name} / {row.label}: {row.reason}"
         for probe in probes
         for row in probe.rows
         if row.status == ERROR

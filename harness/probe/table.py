@@ -30,7 +30,7 @@ def _delta_kib(value: int | None, base: int | None) -> str:
 
 
 def _equivalence(row: ProbeRowResult, precision: str) -> str:
-    if row.equivalence is None:
+    if row.equivalence is None or row.dropout_equivalence is None:
         return "-"
     plain, dropout = row.equivalence, row.dropout_equivalence
     if plain.bitwise and dropout.bitwise:
@@ -67,12 +67,13 @@ def probe_table(probe: ModelProbe) -> str:
     ]
     for row in probe.rows:
         if row.measured:
+            values = row.values()
             cells = [
-                f"{row.retained_bytes / MIB:.3f}",
-                _pct(row.retained_bytes, control.retained_bytes),
-                f"{row.backward_flops / 1e9:.4f}",
-                _pct(row.backward_flops, control.backward_flops),
-                f"{row.replay_bytes / MIB:.3f}",
+                f"{values.retained_bytes / MIB:.3f}",
+                _pct(values.retained_bytes, control.retained_bytes),
+                f"{values.backward_flops / 1e9:.4f}",
+                _pct(values.backward_flops, control.backward_flops),
+                f"{values.replay_bytes / MIB:.3f}",
                 "-" if row.carried_bytes is None else f"{row.carried_bytes / 1024:.1f}",
                 _delta_kib(row.carried_bytes, control.carried_bytes),
             ]
@@ -119,7 +120,7 @@ def attribution_table(probe: ModelProbe) -> str:
         *[f"`{label}` Δ KiB" for label in changed],
     ]
     lines = [
-        f"### {probe.model}: where the retained activation bytes are",
+        f"### {probe.pass_name}: where the retained activation bytes are",
         "",
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
@@ -145,7 +146,7 @@ def unmeasured_table(probes: list[ModelProbe]) -> str:
     lines = [
         (
             f"## Unmeasured labels: accepted by this Megatron Core, exercised by none of "
-            f"{', '.join(probe.model for probe in probes)}"
+            f"{', '.join(dict.fromkeys(probe.model for probe in probes))}"
         ),
         "",
         "| Label | Why, per model |",
@@ -175,7 +176,7 @@ def carried_table(probe: ModelProbe) -> str:
         *[f"`{label}` Δ KiB" for label in changed],
     ]
     lines = [
-        f"### {probe.model}: memory carried across the step, by holder",
+        f"### {probe.pass_name}: memory carried across the step, by holder",
         "",
         "| " + " | ".join(header) + " |",
         "|---|" + "---:|" * (len(header) - 1),
@@ -205,7 +206,7 @@ def peaks_table(probe: ModelProbe) -> str:
     """Per row, each phase's peak (bytes beyond the weights, harness.probe.peaks) and the decoder layer
     whose own backward peak is highest: where recompute moved the step's peak."""
     lines = [
-        f"### {probe.model}: peaks over the step (MemTracker; KiB beyond parameters and the batch)",
+        f"### {probe.pass_name}: peaks over the step (MemTracker; KiB beyond parameters and the batch)",
         "",
         "| Row | forward | backward | optimizer | step's peak in | hottest layer (its backward peak KiB) |",
         "|---|---:|---:|---:|---|---|",

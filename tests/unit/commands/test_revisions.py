@@ -42,14 +42,15 @@ def head_tree() -> Path:
         pytest.skip(f"no development head tree: {exc}")
 
 
-@pytest.mark.parametrize("revision", ["0.18.2", "0.19.0", "head"])
+# 0.18.2 is judged by commands/test_bump.py's real bump to it: its goldens come out rewritten by nothing.
+@pytest.mark.parametrize("revision", ["0.19.0", "head"])
 def test_each_revision_matches_its_committed_goldens(revision):
     tree = head_tree() if revision == "head" else overlay(revision)
     labels = harness(tree, "labels", "--check")
     assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
     probe = harness(tree, "probe", "--all", "--check-golden")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
-    assert probe.stdout.count(": matches cpu-probe-") == 3
+    assert probe.stdout.count(": matches cpu-probe-") == 8  # 4 style models, fp32 and bf16
 
 
 def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):

@@ -54,5 +54,10 @@ def test_probe_exits_1_naming_each_row_that_raised(core_attn_raises, tmp_path, c
     argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn", "mlp"]
     assert main(argv) == 1
     out = capsys.readouterr().out
-    assert "1 row(s) raised (status error; the rest was probed):" in out
-    assert "  dense-tiny / core_attn: RuntimeError: a tree this harness has never seen" in out
+    # The bf16 pass runs the same rows: each raising row is named with its pass.
+    assert "2 row(s) raised (status error; the rest was probed):" in out
+    assert "  dense-tiny / core_attn: RuntimeError: a tree this harness has never seen\n" in out
+    assert (
+        "  dense-tiny (bf16) / core_attn: RuntimeError: a tree this harness has never seen\n" in out
+    )
+    assert "exercised by none of dense-tiny\n" in out
