@@ -53,6 +53,7 @@ def pytest_collection_modifyitems(config, items):
             "the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)",
         ),
         ("revisions", "the revision rehearsal runs as its own step: pytest -m revisions (.ci/run)"),
+        ("sweeps", "the torchrun sweeps run as their own step: pytest -m sweeps (.ci/run)"),
     ):
         if marker in asked:
             continue

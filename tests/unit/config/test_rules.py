@@ -3,8 +3,10 @@ real layers built on CPU."""
 
 from __future__ import annotations
 
+import resource
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -172,14 +174,27 @@ class _Interrupted(Exception):
     pass
 
 
+_GROWTH_LIMIT_BYTES = 512 << 20  # a dense-tiny step allocates a few MiB; the hang grows ~300 MiB/s
+
+
+def _resident_bytes() -> int:
+    """This process's resident set now (not its lifetime peak, which an earlier test may have set)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize()
+
+
 def _trains_within(model, seconds: float) -> bool:
-    """One forward+backward finishes within ``seconds`` (a SIGALRM interrupts the Python-level loop)."""
+    """One forward+backward finishes within ``seconds`` and without growing the process by 512 MiB (a
+    SIGALRM every 50 ms interrupts the Python-level loop). The growth bound matters: the hang below
+    saves RNG states on every turn of its loop and took a worker to 19 GB in a loaded tier."""
+    deadline = time.monotonic() + seconds
+    start = _resident_bytes()
 
     def interrupt(*_):
-        raise _Interrupted
+        if time.monotonic() > deadline or _resident_bytes() - start > _GROWTH_LIMIT_BYTES:
+            raise _Interrupted
 
     previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
     try:
         model.loss(model.batch()).backward()
         return True

@@ -29,6 +29,9 @@ from harness.run.runner import Launcher, run_sweep, sweep_rows
 from harness.run.slurm import SlurmOptions, sbatch_script
 from harness.run.torchrun import processes_with_token
 
+# Multi-node torchrun sweeps (~30 s of CPU): .ci/run's "sweeps" step, outside the tier's 150 s.
+pytestmark = pytest.mark.sweeps
+
 OTHER_RELEASE = "0.19.0"  # the venv pins 0.19.2 (ci/constraints-cpu.txt)
 
 

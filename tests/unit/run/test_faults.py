@@ -14,7 +14,8 @@ from harness.run.recipes import Parallelism, check_recipe, load_recipe
 from harness.run.runner import run_sweep
 from harness.run.torchrun import processes_with_token
 
-pytestmark = pytest.mark.slow
+# Two-rank torchrun sweeps, one per case: .ci/run's "sweeps" step, outside the tier's 150 s.
+pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ import pytest
 from harness.record.io import load_records, unmeasured_rows
 from harness.run.events import read_rank
 
-pytestmark = pytest.mark.slow
+# Two-rank torchrun sweeps, one per case: .ci/run's "sweeps" step, outside the tier's 150 s.
+pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
 
 
 def _start_sweep(out: Path) -> subprocess.Popen:
