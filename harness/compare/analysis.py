@@ -127,7 +127,7 @@ def _stage(outcome: Outcome) -> str:
 def _row(record: Record, control: Record | None) -> Row:
     headline = record.headline
     peak, reserved = headline["peak_allocated_bytes"], headline["peak_reserved_bytes"]
-    # The schema checks a metric in "iterations" is an integer (record/schema.py, on load).
+    # The schema checks a metric in "iterations" is an integer (record/model.py: HEADLINE_JSON, on load).
     after = cast(int | None, headline["peak_after_iteration"])
     allocated_pct = reserved_pct = time_pct = None
     note = ""

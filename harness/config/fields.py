@@ -9,10 +9,11 @@ ones the installed validator accepts.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.errors import UsageError
+from harness.typed_json import rules
 
 CONTROL_ROW = "[]"
 _FULL_PREFIX = "full-"
@@ -28,10 +29,17 @@ class RecomputeFields:
     ``modules=()`` is the explicit ``[]`` no-recompute control.
     """
 
-    granularity: str | None = None
-    modules: tuple[str, ...] | None = None
-    method: str | None = None
-    num_layers: int | None = None
+    # In JSON (records, goldens) the four keys are required, each under Megatron Core's name.
+    granularity: str | None = field(
+        default=None, metadata=rules(key="recompute_granularity", required=True)
+    )
+    modules: tuple[str, ...] | None = field(
+        default=None, metadata=rules(key="recompute_modules", required=True, unique=True)
+    )
+    method: str | None = field(default=None, metadata=rules(key="recompute_method", required=True))
+    num_layers: int | None = field(
+        default=None, metadata=rules(key="recompute_num_layers", required=True, minimum=0)
+    )
 
     @classmethod
     def selective(cls, *modules: str) -> RecomputeFields:

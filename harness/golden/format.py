@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, NoReturn, TypedDict
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
@@ -25,8 +25,9 @@ from harness.record.metrics import (
     default_tolerance_policy,
     metrics_in,
 )
-from harness.record.model import PIN_KEYS, ProbeMetrics, Record
-from harness.record.schema import KINDS, PHASES, STATUSES, Checker, check_recompute
+from harness.record.model import PIN_KEYS, Hardware, Outcome, ProbeMetrics, Record, Revisions
+from harness.record.vocabulary import RecordKind
+from harness.typed_json import NON_NEGATIVE, ObjectShape, check_json, part_of, rules
 
 GOLDEN_SCHEMA = "recompute-harness/golden"
 GOLDEN_SCHEMA_VERSION = 1
@@ -34,12 +35,26 @@ GOLDEN_SCHEMA_VERSION = 1
 DEFAULT_PEAK_SCOPE = "all-ranks"
 
 
+# How a measured run actually ran, beyond its recipe: the attention back end and MoE token dispatcher
+# the ranks reported (HybridEP's buffers live outside the torch allocator, alltoall's inside: a
+# fallback shifts every peak, so it is another workload, not a regression).
+class WorkloadIdentity(TypedDict):
+    attention_backend: str | None
+    moe_dispatcher: str | None
+
+
+WORKLOAD_IDENTITY_KEYS = tuple(WorkloadIdentity.__annotations__)
+
+
 @dataclass
 class GoldenRow:
     label: str
     recompute: RecomputeFields
-    outcome: dict[str, Any]  # status, iteration, phase
-    values: dict[str, int | float | None]
+    # What a golden keeps of a record's outcome (Outcome.stage).
+    outcome: dict[str, Any] = field(
+        metadata=rules(shape=part_of(Outcome, ("status", "iteration", "phase")))
+    )
+    values: dict[str, int | float | None]  # the registry says which, and their ranges
     record: str | None = None  # id of the record the values came from
 
     def to_json(self) -> dict[str, Any]:
@@ -56,18 +71,23 @@ class GoldenRow:
 
 @dataclass
 class Golden:
-    kind: str
+    kind: str = field(metadata=rules(one_of=RecordKind))
     recipe: str
-    hardware: dict[str, Any]  # device, gpu_count
-    pins: dict[str, Any]
-    provenance: dict[str, Any]
-    tolerance: dict[str, dict[str, Any]]
-    rows: list[GoldenRow] = field(default_factory=list)
-    # Whose peaks the values are (``harness.record.effects.SCOPES``); None: written before scopes
-    # were stated, i.e. the hottest rank's.
-    peak_scope: str | None = None
-    # As-run workload facts (WORKLOAD_IDENTITY_KEYS); None in goldens written before them and transcribed ones.
-    workload: dict[str, str | None] | None = None
+    # A record's hardware profile and pins (Hardware.profile, Revisions.pins).
+    hardware: dict[str, Any] = field(
+        metadata=rules(shape=part_of(Hardware, ("device", "gpu_count")))
+    )
+    pins: dict[str, Any] = field(metadata=rules(shape=part_of(Revisions, PIN_KEYS)))
+    provenance: dict[str, Any]  # open, but with a source (validate_golden)
+    tolerance: dict[str, dict[str, Any]]  # a rule's keys depend on its mode (validate_golden)
+    rows: list[GoldenRow] = field(default_factory=list, metadata=rules(required=True))
+    # Whose peaks the values are (``harness.record.effects.SCOPES``); None (no key: never null):
+    # written before scopes were stated, i.e. the hottest rank's.
+    peak_scope: str | None = field(default=None, metadata=rules(one_of=SCOPES, shape=str))
+    # As-run workload facts; None in goldens written before them and transcribed ones.
+    workload: dict[str, str | None] | None = field(
+        default=None, metadata=rules(shape=WorkloadIdentity | None)
+    )
     # CPU probes: the accepted labels the model does not exercise, with why (harness.probe.coverage).
     unmeasured: list[dict[str, Any]] | None = None
 
@@ -146,12 +166,6 @@ def golden_values(
     if scope is not None:
         values.update(scoped_peaks(record, scope))
     return {**(effects(record, control, scope) if control is not None else {}), **values}
-
-
-# How a measured run actually ran, beyond its recipe: the attention back end and MoE token dispatcher
-# the ranks reported (HybridEP's buffers live outside the torch allocator, alltoall's inside: a
-# fallback shifts every peak, so it is another workload, not a regression).
-WORKLOAD_IDENTITY_KEYS = ("attention_backend", "moe_dispatcher")
 
 
 def workload_identity(record: Record) -> dict[str, str | None] | None:
@@ -289,19 +303,21 @@ def golden_from_records(
     return golden
 
 
-GOLDEN_KEYS = (
-    "schema",
-    "schema_version",
-    "kind",
-    "recipe",
-    "hardware",
-    "pins",
-    "provenance",
-    "tolerance",
-    "rows",
-)
-ROW_KEYS = ("label", "recompute", "outcome", "values")
-OUTCOME_KEYS = ("status", "iteration", "phase")
+# The numeric keys of a tolerance rule, by its mode (the registry's TOLERANCE_KEYS).
+_RULE_JSON = {
+    mode: ObjectShape(
+        (
+            ("mode", str, True),
+            *((key, Annotated[float, NON_NEGATIVE], True) for key in needed),
+            *(
+                (key, Annotated[float, NON_NEGATIVE], False)
+                for key in OPTIONAL_TOLERANCE_KEYS.get(mode, ())
+            ),
+        )
+    )
+    for mode, needed in TOLERANCE_KEYS.items()
+}
+_ENVELOPE = ("schema", "schema_version")
 
 
 def _required_metrics(kind: str) -> tuple[str, ...]:
@@ -324,12 +340,12 @@ def _known_metrics(kind: str) -> frozenset[str]:
 def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     """Return ``golden`` if well formed, else raise ``UsageError`` (one line).
 
-    As strict as the record loader: known keys only, types and ranges, a known kind, each row's label
-    the name of its recompute fields, a configuration at most once, every required metric present.
+    As strict as the record loader: its shape is the ``Golden`` model's, then a known metric per value
+    and rule, each row's label the name of its recompute fields, a configuration at most once, every
+    required metric present, a pinned Megatron Core.
     """
-    check = Checker(source)
 
-    def fail(problem: str) -> None:
+    def fail(problem: str) -> NoReturn:
         raise UsageError(f"{source}: {problem}")
 
     if not isinstance(golden, dict) or golden.get("schema") != GOLDEN_SCHEMA:
@@ -339,76 +355,31 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
         fail(
             f"unknown golden schema version {version!r}; this harness reads {GOLDEN_SCHEMA_VERSION}"
         )
-    check.obj(golden, "golden", GOLDEN_KEYS, ("peak_scope", "workload", "unmeasured"))
-    check.string(golden["kind"], "kind", choices=KINDS)
-    check.string(golden["recipe"], "recipe")
-    kind = golden["kind"]
-    pins = golden["pins"]
-    check.obj(pins, "pins", PIN_KEYS)
-    mcore, bridge = pins["megatron_core"], pins["megatron_bridge"]
-    if not isinstance(mcore, dict) or not (
-        mcore.get("commit") or (mcore.get("version") and mcore.get("fingerprint"))
-    ):
+    check_json(
+        Golden, {k: v for k, v in golden.items() if k not in _ENVELOPE}, source, name="golden"
+    )
+    kind, tolerance, rows = golden["kind"], golden["tolerance"], golden["rows"]
+    mcore = golden["pins"]["megatron_core"]
+    if not (mcore["commit"] or (mcore["version"] and mcore["fingerprint"])):
         fail(
             "pins.megatron_core: needs a commit, or a version and a fingerprint (a golden must be pinned)"
         )
-    pinned = [
-        *mcore.values(),
-        *(bridge.values() if isinstance(bridge, dict) else [bridge]),
-        *(pins[key] for key in ("torch", "transformer_engine", "cuda")),
-    ]
-    if not (bridge is None or isinstance(bridge, dict)) or any(
-        v is not None and not isinstance(v, str) for v in pinned
-    ):
-        fail("pins: every pin is a string or null")
-    workload = golden.get(
-        "workload"
-    )  # optional: goldens written before it, and transcribed ones, lack it
-    if workload is not None and (
-        not isinstance(workload, dict)
-        or set(workload) != set(WORKLOAD_IDENTITY_KEYS)
-        or any(v is not None and not isinstance(v, str) for v in workload.values())
-    ):
-        fail(f"workload: expected {', '.join(WORKLOAD_IDENTITY_KEYS)}, each a string or null")
-    hardware = check.obj(golden["hardware"], "hardware", ("device", "gpu_count"))
-    check.string(hardware["device"], "hardware.device")
-    check.integer(hardware["gpu_count"], "hardware.gpu_count")
-    provenance = golden["provenance"]
-    if not isinstance(provenance, dict) or not isinstance(provenance.get("source"), str):
+    if not isinstance(golden["provenance"].get("source"), str):
         fail("provenance: needs a source")
-    tolerance = golden["tolerance"]
-    if not isinstance(tolerance, dict):
-        fail("tolerance: expected an object")
     known = _known_metrics(kind)
     for metric, rule in tolerance.items():
         if metric not in known:
             fail(f"tolerance.{metric}: not a metric of a {kind} golden")
-        if (
-            not isinstance(rule, dict)
-            or not isinstance(rule.get("mode"), str)
-            or rule["mode"] not in TOLERANCE_KEYS
-        ):
+        if not isinstance(rule.get("mode"), str) or rule["mode"] not in TOLERANCE_KEYS:
             fail(f"tolerance.{metric}: mode must be one of {', '.join(TOLERANCE_KEYS)}")
-        needed, optional = (
-            TOLERANCE_KEYS[rule["mode"]],
-            OPTIONAL_TOLERANCE_KEYS.get(rule["mode"], ()),
-        )
-        check.obj(rule, f"tolerance.{metric}", ("mode", *needed), optional)
-        for key in needed + tuple(key for key in optional if key in rule):
-            check.number(rule.get(key), f"tolerance.{metric}.{key}")
-    if golden.get("peak_scope", DEFAULT_PEAK_SCOPE) not in SCOPES:
-        fail(f"peak_scope: {golden.get('peak_scope')!r} is not one of {', '.join(SCOPES)}")
-    rows = golden["rows"]
-    if not isinstance(rows, list) or not rows:
+        check_json(_RULE_JSON[rule["mode"]], rule, source, f"tolerance.{metric}")
+    if not rows:
         fail("rows: expected a non-empty array")
     labels: dict[str, int] = {}
     configurations: dict[tuple, int] = {}
     required = _required_metrics(kind)
     for i, row in enumerate(rows):
         where = f"rows[{i}]"
-        check.obj(row, where, ROW_KEYS, ("record",))
-        check.string(row["label"], f"{where}.label")
-        check_recompute(Checker(f"{source}: {where}"), row["recompute"])
         fields = RecomputeFields.from_dict(row["recompute"])
         if row["label"] != fields.name:
             fail(
@@ -421,15 +392,7 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
         if configuration in configurations:
             fail(f"{where}: the same configuration as rows[{configurations[configuration]}]")
         configurations[configuration] = i
-        outcome = check.obj(row["outcome"], f"{where}.outcome", OUTCOME_KEYS)
-        check.string(outcome["status"], f"{where}.outcome.status", choices=STATUSES)
-        check.integer(outcome["iteration"], f"{where}.outcome.iteration", nullable=True)
-        check.string(outcome["phase"], f"{where}.outcome.phase", nullable=True, choices=PHASES)
-        if "record" in row:
-            check.string(row["record"], f"{where}.record", nullable=True)
         values = row["values"]
-        if not isinstance(values, dict):
-            fail(f"{where}.values: expected an object")
         missing = [name for name in required if name not in values]
         if missing:
             fail(
@@ -439,12 +402,8 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
             if metric not in known:
                 fail(f"{where}.values.{metric}: not a metric of a {kind} golden")
             # Effects are differences against [] (a cost can be negative); measurements are not.
-            check.number(
-                value,
-                f"{where}.values.{metric}",
-                nullable=True,
-                minimum=None if metric in EFFECT_METRICS else 0.0,
-            )
+            if metric not in EFFECT_METRICS:
+                check_json(_MEASURED_VALUE, value, source, f"{where}.values.{metric}")
             if metric not in tolerance:
                 fail(f"{where}.values.{metric}: no tolerance rule for this metric")
     with_effects = [
@@ -457,6 +416,8 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
     return golden
 
 
+_MEASURED_VALUE = Annotated[float | None, NON_NEGATIVE]
+
+
 def _is_control_row(row: dict[str, Any]) -> bool:
-    recompute = row.get("recompute")
-    return isinstance(recompute, dict) and RecomputeFields.from_dict(recompute).is_control
+    return RecomputeFields.from_dict(row["recompute"]).is_control

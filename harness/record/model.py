@@ -1,21 +1,46 @@
-"""The run record as typed values, from the runner to the reports.
+"""The run record as typed values, from the runner to the reports, and the schema they declare.
 
-``Record.from_json`` is the only way in (it validates first: ``harness.record.schema``) and
+``Record.from_json`` is the only way in (it validates first: ``validate_record``) and
 ``Record.to_json`` the only way out; everything between works on attributes. The JSON layout (key
 order included) is the one schema v1 has always written, so a record or golden written before these
 types existed loads, compares and re-serialises unchanged.
+
+The types are the schema: ``validate_record`` checks a record's shape against them
+(``harness.typed_json``: each field's constraints sit in its ``field(metadata=rules(...))``), then
+the invariants no type states (``harness.record.schema``). docs/run-record.md documents each field.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Required, TypedDict
 
 from harness.config.fields import RecomputeFields
+from harness.errors import UsageError
 from harness.record.metrics import metrics_in
-from harness.record.schema import SCHEMA, SCHEMA_VERSION, validate_record
+from harness.record.schema import (
+    BACKENDS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    check_probe_metrics,
+    check_record_invariants,
+    check_run_invariants,
+)
+from harness.record.vocabulary import PEAK_SCOPE_VALUES, RecordKind, RunStatus, StepPhase
+from harness.typed_json import NON_NEGATIVE, ObjectShape, Rules, check_json, rules, type_name
 
 Number = int | float
+
+
+@dataclass
+class BridgeRevision:
+    """A package's version and commit (Megatron Bridge; also what a package's metadata claims)."""
+
+    version: str | None
+    commit: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "commit": self.commit}
 
 
 @dataclass
@@ -24,7 +49,9 @@ class CoreRevision:
     commit: str | None
     fingerprint: str | None
     # What package metadata claimed ({version, commit}), only when it disagreed with the imported code.
-    package: dict[str, str | None] | None = None
+    package: dict[str, str | None] | None = field(
+        default=None, metadata=rules(shape=BridgeRevision | None)
+    )
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -35,15 +62,6 @@ class CoreRevision:
         if self.package is not None:
             data["package"] = dict(self.package)
         return data
-
-
-@dataclass
-class BridgeRevision:
-    version: str | None
-    commit: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "commit": self.commit}
 
 
 # The revisions a golden is pinned to (driver, python and host are provenance, not pins).
@@ -98,7 +116,7 @@ class Revisions:
 @dataclass
 class Hardware:
     device: str  # GPU profile (``H100_80GB``), ``cpu`` or ``unidentified``
-    gpu_count: int
+    gpu_count: int = field(metadata=rules(minimum=0))
     sm: str | None
     host: str | None
 
@@ -117,13 +135,14 @@ class Hardware:
 
 @dataclass
 class ParallelLayout:
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    dp: int
-    expert_dp: int | None
-    vpp: int | None
+    tp: int = field(metadata=rules(minimum=1))
+    pp: int = field(metadata=rules(minimum=1))
+    cp: int = field(metadata=rules(minimum=1))
+    ep: int = field(metadata=rules(minimum=1))
+    dp: int = field(metadata=rules(minimum=1))
+    # Null when unused or (reference rows) not stated by the source.
+    expert_dp: int | None = field(metadata=rules(minimum=1))
+    vpp: int | None = field(metadata=rules(minimum=1))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,13 +160,13 @@ class ParallelLayout:
 class Workload:
     recipe: str
     model: str
-    backend: str
-    seq_length: int
-    micro_batch_size: int
-    global_batch_size: int
+    backend: str = field(metadata=rules(one_of=BACKENDS))
+    seq_length: int = field(metadata=rules(minimum=1))
+    micro_batch_size: int = field(metadata=rules(minimum=1))
+    global_batch_size: int = field(metadata=rules(minimum=1))
     precision: str
-    attention_backend: str | None
-    train_iters: int | None
+    attention_backend: str | None  # null only in a reference row (harness.record.schema)
+    train_iters: int | None = field(metadata=rules(minimum=0))  # null only if not a run's
     parallelism: ParallelLayout
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -180,10 +199,10 @@ class Workload:
 
 @dataclass(slots=True)
 class IterationRow:
-    iteration: int
-    step_time_ms: float | None
+    iteration: int = field(metadata=rules(minimum=1))
+    step_time_ms: float | None = field(metadata=rules(minimum=0))
     loss: float | None  # None with ``nan=True`` for a NaN/inf loss: files never hold NaN
-    tflops_per_gpu: float | None
+    tflops_per_gpu: float | None = field(metadata=rules(minimum=0))
     skipped: bool
     nan: bool
 
@@ -200,17 +219,18 @@ class IterationRow:
 
 @dataclass(slots=True)
 class PeakReading:
-    iteration: int
-    allocated_bytes: int
-    reserved_bytes: int | None
+    iteration: int = field(metadata=rules(minimum=0))
+    allocated_bytes: int = field(metadata=rules(minimum=0))
+    reserved_bytes: int | None = field(metadata=rules(minimum=0))
     # memory_allocated() after the optimizer step / after zero_grad; optional keys (newer than v1's first files)
-    allocated_after_step_bytes: int | None = None
-    allocated_after_zero_grad_bytes: int | None = None
-    device_used_bytes: int | None = None  # optional (metrics registry): mem_get_info's total - free
+    allocated_after_step_bytes: int | None = field(default=None, metadata=rules(minimum=0))
+    allocated_after_zero_grad_bytes: int | None = field(default=None, metadata=rules(minimum=0))
+    # Optional (metrics registry): mem_get_info's total - free.
+    device_used_bytes: int | None = field(default=None, metadata=rules(minimum=0))
     # Optional: the peaks of this iteration alone (statistics reset at its start); the two above are
     # the run's high-water marks through it.
-    iteration_allocated_bytes: int | None = None
-    iteration_reserved_bytes: int | None = None
+    iteration_allocated_bytes: int | None = field(default=None, metadata=rules(minimum=0))
+    iteration_reserved_bytes: int | None = field(default=None, metadata=rules(minimum=0))
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -244,8 +264,8 @@ class PeakReading:
 class RankPeaks:
     """A rank's allocator peaks read after each iteration's optimizer step."""
 
-    rank: int
-    peaks: list[PeakReading]
+    rank: int = field(metadata=rules(minimum=0))
+    peaks: list[PeakReading] = field(metadata=rules(unique_by="iteration"))
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "peaks": [peak.to_json() for peak in self.peaks]}
@@ -256,8 +276,8 @@ class RankPeaks:
 
 @dataclass
 class SteadyWindow:
-    first: int
-    last: int
+    first: int = field(metadata=rules(minimum=1))
+    last: int = field(metadata=rules(minimum=1))  # and >= first (harness.record.schema)
 
     def to_json(self) -> dict[str, int]:
         return {"first": self.first, "last": self.last}
@@ -265,6 +285,24 @@ class SteadyWindow:
 
 # The structural headline keys, and where they sit among the metrics in the JSON object.
 _HEADLINE_STRUCTURE = {"peak_rank": "peak_reserved_bytes", "peak_scope": "peak_after_iteration"}
+# A headline in JSON: one key per headline metric of the registry (the required ones required; bytes
+# and iterations are integers), then the structural keys.
+_HEADLINE_COUNT = Annotated[int | None, NON_NEGATIVE]
+_HEADLINE_MEASURE = Annotated[float | None, NON_NEGATIVE]
+HEADLINE_JSON = ObjectShape(
+    (
+        *(
+            (
+                metric.name,
+                _HEADLINE_COUNT if metric.unit in ("bytes", "iterations") else _HEADLINE_MEASURE,
+                metric.required,
+            )
+            for metric in metrics_in("headline")
+        ),
+        ("peak_rank", _HEADLINE_COUNT, True),
+        ("peak_scope", Annotated[str, Rules(one_of=PEAK_SCOPE_VALUES)], True),
+    )
+)
 
 
 @dataclass
@@ -298,12 +336,12 @@ class Headline:
 class RunMetrics:
     """Metrics of a GPU run (or a transcribed reference row, which states only the headline)."""
 
-    iterations: list[IterationRow]
-    ranks: list[RankPeaks]
+    iterations: list[IterationRow] = field(metadata=rules(unique_by="iteration"))
+    ranks: list[RankPeaks] = field(metadata=rules(unique_by="rank"))
     steady_window: SteadyWindow | None
-    headline: Headline
-    skipped_iterations: int | None
-    nan_iterations: int | None
+    headline: Headline = field(metadata=rules(shape=HEADLINE_JSON))
+    skipped_iterations: int | None = field(metadata=rules(minimum=0))
+    nan_iterations: int | None = field(metadata=rules(minimum=0))
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RunMetrics:
@@ -382,11 +420,12 @@ class ProbeMetrics:
 class Outcome:
     """How the run ended: status, the iteration and phase it stopped in, the failing rank(s)."""
 
-    status: str
-    iteration: int | None = None
-    phase: str | None = None
-    ranks: list[int] = field(default_factory=list)
-    message: str = ""
+    # The defaults serve the constructors; in JSON every key but ``site`` is required.
+    status: str = field(metadata=rules(one_of=RunStatus))
+    iteration: int | None = field(default=None, metadata=rules(required=True, minimum=0))
+    phase: str | None = field(default=None, metadata=rules(required=True, one_of=StepPhase))
+    ranks: list[int] = field(default_factory=list, metadata=rules(required=True, minimum=0))
+    message: str = field(default="", metadata=rules(required=True, empty=True))
     site: str | None = None  # where inside the phase, when the source says (e.g. ``forward``)
 
     @classmethod
@@ -417,20 +456,36 @@ class Outcome:
         return {"status": self.status, "iteration": self.iteration, "phase": self.phase}
 
 
+class RecordProvenance(TypedDict, total=False):
+    """Where a record's numbers came from (reference rows: the study and the row transcribed)."""
+
+    source: Required[str]
+    command: str | None
+    host: str | None
+    date: str | None
+    card: str | None
+    study: str | None
+    row: str | None
+    notes: str | None
+
+
 @dataclass
 class Record:
     """One run, CPU-probe row or transcribed reference row (schema v1: docs/run-record.md)."""
 
-    kind: str  # run | cpu-probe | reference
+    kind: str = field(metadata=rules(one_of=RecordKind))
     id: str
-    created: str
+    created: str  # ISO 8601 (harness.record.schema)
     revisions: Revisions
     hardware: Hardware
     workload: Workload
     recompute: RecomputeFields
-    metrics: RunMetrics | ProbeMetrics
+    # Its shape depends on the kind: validate_record checks it as RunMetrics or ProbeMetrics.
+    metrics: RunMetrics | ProbeMetrics = field(metadata=rules(shape=Any))
     outcome: Outcome
-    provenance: dict[str, str | None] | None = None
+    provenance: dict[str, str | None] | None = field(
+        default=None, metadata=rules(shape=RecordProvenance | None)
+    )
 
     @property
     def label(self) -> str:
@@ -493,3 +548,32 @@ class Record:
         """Re-check the record after a change (the writer calls it: an invalid record never lands)."""
         validate_record(self.to_json(), f"record {self.id}")
         return self
+
+
+def validate_record(record: Any, source: str = "record") -> dict[str, Any]:
+    """Return ``record`` unchanged if it is a valid version-1 run record; else raise ``UsageError``
+    (one line naming ``source`` and the JSON path of the first problem)."""
+    if not isinstance(record, dict):
+        raise UsageError(f"{source}: $: expected a run-record object, got {type_name(record)}")
+    if record.get("schema") != SCHEMA:
+        raise UsageError(
+            f"{source}: schema: expected {SCHEMA!r}, got {record.get('schema')!r} (not a run record)"
+        )
+    version = record.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise UsageError(
+            f"{source}: schema_version: unknown schema version {version!r}; this harness reads "
+            f"version {SCHEMA_VERSION}"
+        )
+    # schema and schema_version are the envelope, checked above; the rest is a Record.
+    check_json(Record, {k: v for k, v in record.items() if k not in _ENVELOPE}, source)
+    check_record_invariants(record, source)
+    if record["kind"] == RecordKind.CPU_PROBE:
+        check_probe_metrics(record["metrics"], source)
+    else:
+        check_json(RunMetrics, record["metrics"], source, "metrics")
+        check_run_invariants(record, source)
+    return record
+
+
+_ENVELOPE = ("schema", "schema_version")

@@ -14,7 +14,7 @@ from harness.errors import UsageError
 from harness.golden.format import validate_golden
 from harness.golden.store import CHECKOUT_ROOT as GOLDEN_DIR
 from harness.record.io import load_records, parse_json
-from harness.record.schema import validate_record
+from harness.record.model import validate_record
 
 VALID = run_record("moe_act", record_id="fuzz").to_json()
 GOLDEN = json.loads(next(GOLDEN_DIR.glob("nemotron*.json")).read_text())

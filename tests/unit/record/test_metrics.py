@@ -15,7 +15,7 @@ from harness.record.metrics import (
     metric,
     metrics_in,
 )
-from harness.record.schema import validate_record
+from harness.record.model import validate_record
 
 
 def test_every_metric_is_declared_once_per_scope():

@@ -16,7 +16,8 @@ from harness.errors import UsageError
 from harness.files import write_json_atomic
 from harness.record.build import iteration_row, rank_peaks, run_metrics
 from harness.record.io import load_records, write_record
-from harness.record.schema import SCHEMA_VERSION, validate_record
+from harness.record.model import validate_record
+from harness.record.schema import SCHEMA_VERSION
 from harness.record.vocabulary import PeakScope, RecordKind, RunStatus, StepPhase
 
 

@@ -13,7 +13,7 @@ import pytest
 from harness.errors import UsageError
 from harness.golden.format import golden_from_records
 from harness.golden.judge import compare_records
-from harness.record.schema import validate_record
+from harness.record.model import validate_record
 from harness.run.assemble import build_record
 from harness.run.classify import Classification, classify
 from harness.run.events import EventWriter, events_path, read_rank
