@@ -216,6 +216,14 @@ class TreeDiff:
     changes: list[str] = field(default_factory=list)
 
     @property
+    def probed(self) -> list[str]:
+        """What both sides were probed on: ``model (precision, back end core attention)``."""
+        return [
+            f"{probe['model']} ({probe['precision']}, {probe['attention_backend']} core attention)"
+            for probe in self.sides[0]["probes"]
+        ]
+
+    @property
     def changed(self) -> bool:
         return bool(
             self.labels_added
@@ -239,6 +247,7 @@ class TreeDiff:
             f"B's CPU adapter: a replaced upstream object changed since review: {line}"
             for line in self.sides[1]["adapter_drift"]
         ]
+        out.append(f"probed: {', '.join(self.probed) if self.probed else 'nothing'}")
         for what, items in (
             ("labels added", self.labels_added),
             ("labels removed", self.labels_removed),
@@ -266,6 +275,7 @@ class TreeDiff:
         return {
             "a": self.sides[0]["identity"],
             "b": self.sides[1]["identity"],
+            "probed": self.probed,
             "labels_added": self.labels_added,
             "labels_removed": self.labels_removed,
             "rules_appeared": self.rules_appeared,

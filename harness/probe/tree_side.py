@@ -48,10 +48,11 @@ def describe_tree(attention_backend: str, models: list[str] | None = None) -> di
 def main(argv: list[str]) -> int:
     defer_compile_before_megatron_core()
     silence_known_noise()
-    backend = (
-        argv[argv.index("--attention-backend") + 1] if "--attention-backend" in argv else "unfused"
-    )
-    described = describe_tree(backend)
+    # Written by harness.compare.tree_diff, not by a user: pairs of option and value.
+    options = list(zip(argv[::2], argv[1::2], strict=True))
+    backend = next((value for name, value in options if name == "--attention-backend"), "unfused")
+    models = [value for name, value in options if name == "--model"]
+    described = describe_tree(backend, models or None)
     print(json.dumps(described))
     if described["self_check"]:
         print(

@@ -67,6 +67,7 @@ def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
     assert "dense-tiny: same behaviour: no golden " in probe.stdout
     diff = harness(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))
     assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert "\nprobed: dense-tiny (fp32, unfused core attention)\n" in diff.stdout  # only that model
     assert diff.stdout.rstrip().endswith(
         "verdict: same behaviour (new fingerprint, no value changed)"
     )
