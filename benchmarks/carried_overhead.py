@@ -15,7 +15,7 @@ import argparse
 import os
 import time
 
-from harness.models import STYLE_MODELS
+from harness.models import buildable_models
 from harness.probe import measure
 from harness.probe.carried import Carried
 from harness.probe.runner import probe_models
@@ -29,7 +29,7 @@ def _timed(with_carried: bool) -> float:
         measure.measure_carried = lambda module, step, excluded: Carried()
     try:
         started = time.monotonic()
-        probe_models(list(STYLE_MODELS), hang_probe=False)
+        probe_models(buildable_models(), hang_probe=False)
         return time.monotonic() - started
     finally:
         measure.measure_carried = original

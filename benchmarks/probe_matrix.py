@@ -14,7 +14,7 @@ import time
 
 START = time.monotonic()
 
-from harness.models import STYLE_MODELS
+from harness.models import buildable_models
 from harness.probe.plan import PRECISIONS
 from harness.probe.runner import probe_models
 from harness.probe.table import probe_table
@@ -27,7 +27,7 @@ def main() -> int:
     probes = [
         probe
         for precision in PRECISIONS
-        for probe in probe_models(list(STYLE_MODELS), precision=precision)
+        for probe in probe_models(buildable_models(), precision=precision)
     ]
     elapsed = time.monotonic() - START
     for probe in probes:

@@ -12,6 +12,7 @@ unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_ba
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,9 @@ class StyleModel:
     seq_length: int = 32
     micro_batch_size: int = 2
     mla: bool = False
+    # Decoder layers with mHC residual streams (HyperConnectionTransformerLayer, Megatron Core 0.20 /
+    # main): Megatron Core's layer specs never build them, so build_model swaps them in.
+    hyper_connections: bool = False
 
     @property
     def layers(self) -> int:
@@ -53,6 +57,12 @@ _COMMON: dict[str, Any] = {
     "gradient_accumulation_fusion": False,
     "persist_layer_norm": False,
 }
+_DENSE: dict[str, Any] = {
+    "ffn_hidden_size": 128,
+    "num_query_groups": 2,
+    "gated_linear_unit": True,
+    "activation_func": torch.nn.functional.silu,
+}
 _MOE: dict[str, Any] = {
     "num_moe_experts": 4,
     "moe_router_topk": 2,
@@ -69,14 +79,7 @@ STYLE_MODELS: dict[str, StyleModel] = {
         StyleModel(
             name="dense-tiny",
             description="standard attention + dense SwiGLU MLP, RMSNorm, 2 layers (Llama-style)",
-            config_kwargs={
-                **_COMMON,
-                "num_layers": 2,
-                "ffn_hidden_size": 128,
-                "num_query_groups": 2,
-                "gated_linear_unit": True,
-                "activation_func": torch.nn.functional.silu,
-            },
+            config_kwargs={**_COMMON, **_DENSE, "num_layers": 2},
         ),
         StyleModel(
             name="dense-deep",
@@ -84,14 +87,17 @@ STYLE_MODELS: dict[str, StyleModel] = {
                 "dense-tiny's layers, 4 deep: full recompute's uniform and block differ at "
                 "recompute_num_layers 1, 2 and 4, and 3 does not divide the layers"
             ),
-            config_kwargs={
-                **_COMMON,
-                "num_layers": 4,
-                "ffn_hidden_size": 128,
-                "num_query_groups": 2,
-                "gated_linear_unit": True,
-                "activation_func": torch.nn.functional.silu,
-            },
+            config_kwargs={**_COMMON, **_DENSE, "num_layers": 4},
+        ),
+        StyleModel(
+            name="mhc-tiny",
+            description=(
+                "dense-tiny with manifold-constrained hyper-connections (4 residual streams, "
+                "HyperConnectionTransformerLayer): the model of the mhc label; a Megatron Core "
+                "that has them (0.20 / main) only"
+            ),
+            config_kwargs={**_COMMON, **_DENSE, "num_layers": 2, "enable_mhc_connections": True},
+            hyper_connections=True,
         ),
         StyleModel(
             name="moonlight-tiny",
@@ -150,6 +156,49 @@ def style_model(name: str) -> StyleModel:
         return STYLE_MODELS[name]
     except KeyError:
         raise UsageError(f"unknown model {name!r}; known: {', '.join(STYLE_MODELS)}") from None
+
+
+def not_on_this_tree(style: StyleModel) -> str:
+    """Why the imported Megatron Core cannot build ``style`` ("" when it can)."""
+    if style.hyper_connections and _hyper_connection_classes() is None:
+        return "this Megatron Core has no HyperConnectionTransformerLayer (mHC: 0.20 / main)"
+    return ""
+
+
+def buildable_models() -> list[str]:
+    """The style models the imported Megatron Core can build: what ``probe --all`` probes."""
+    return [name for name, style in STYLE_MODELS.items() if not not_on_this_tree(style)]
+
+
+def buildable_model(name: str) -> StyleModel:
+    """``style_model(name)``, refused in one line where this Megatron Core cannot build it."""
+    style = style_model(name)
+    missing = not_on_this_tree(style)
+    if missing:
+        raise UsageError(f"model {name!r} cannot be built here: {missing}")
+    return style
+
+
+def _hyper_connection_classes() -> tuple[type, type] | None:
+    # By name: the oldest supported Megatron Core (and the type checker's) has neither.
+    try:
+        connection = importlib.import_module("megatron.core.transformer.hyper_connection")
+        layer = importlib.import_module("megatron.core.transformer.transformer_layer")
+        return layer.HyperConnectionTransformerLayer, connection.HyperConnectionModule
+    except (ImportError, AttributeError):
+        return None
+
+
+def _use_hyper_connections(block_spec: Any) -> None:
+    """Every layer of ``block_spec`` as a ``HyperConnectionTransformerLayer`` with a
+    ``HyperConnectionModule`` around attention and MLP (the layer refuses to build without both)."""
+    classes = _hyper_connection_classes()
+    assert classes is not None, "build_model refuses the model first (buildable_model)"
+    layer, connection = classes
+    for spec in block_spec.layer_specs:
+        spec.module = layer
+        spec.submodules.self_attention_hyper_connection = connection
+        spec.submodules.mlp_hyper_connection = connection
 
 
 def kv_channels_dot_product_attention() -> type:
@@ -335,7 +384,7 @@ def build_model(
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 
-    style = style_model(name)
+    style = buildable_model(name)
     seq_length = style.seq_length if seq_length is None else seq_length
     micro_batch_size = style.micro_batch_size if micro_batch_size is None else micro_batch_size
     for label, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size)):
@@ -357,6 +406,8 @@ def build_model(
         config, use_transformer_engine=False, normalization=config.normalization
     )
     set_core_attention(block_spec, attention_backend, style.mla)
+    if style.hyper_connections:
+        _use_hyper_connections(block_spec)
     torch.manual_seed(seed)
     module = GPTModel(
         config,

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
     # revision's refusal never pay.
     from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
-    from harness.models import STYLE_MODELS, style_model
+    from harness.models import STYLE_MODELS, buildable_model, buildable_models, not_on_this_tree
     from harness.probe.axes import coverage
     from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
@@ -122,9 +122,13 @@ def run(args: argparse.Namespace) -> int:
         drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
     if args.list:
         for style in STYLE_MODELS.values():
-            print(f"{style.name:<16} {style.description}")
+            missing = not_on_this_tree(style)
+            print(
+                f"{style.name:<16} {style.description}"
+                + (f" [not on this Megatron Core: {missing}]" if missing else "")
+            )
         return EXIT_OK
-    names = list(STYLE_MODELS) if args.all else [style_model(args.model).name]
+    names = buildable_models() if args.all else [buildable_model(args.model).name]
     if not 0 < args.hang_timeout <= 600:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
@@ -164,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
         if unmeasured:
             print(unmeasured)
             print()
+        for name, style in STYLE_MODELS.items():
+            if args.all and name not in names:
+                print(f"not probed here: {name}: {not_on_this_tree(style)}")
     errors = probe_errors(probes)
     if errors:
         print(f"{len(errors)} row(s) raised (status error; the rest was probed):")

@@ -20,7 +20,7 @@ from harness.errors import UsageError
 from harness.golden.labels import manifest_verdict, write_manifest
 from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
-from harness.models import STYLE_MODELS
+from harness.models import buildable_models
 from harness.probe.plan import PRECISIONS
 from harness.probe.runner import probe_models
 from harness.probe.table import probe_table, unmeasured_table
@@ -103,7 +103,7 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
         probes = [
             probe
             for precision in PRECISIONS
-            for probe in probe_models(list(STYLE_MODELS), precision=precision)
+            for probe in probe_models(buildable_models(), precision=precision)
         ]
         for result in probes:
             print(probe_table(result) + "\n")

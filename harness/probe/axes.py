@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.models import STYLE_MODELS, build_model
+from harness.models import STYLE_MODELS, build_model, not_on_this_tree
 from harness.probe.coverage import single_label_rows
 from harness.probe.plan import CONTROL, PRECISIONS
 from harness.probe.runner import ModelProbe
@@ -38,7 +38,7 @@ OUTSIDE_THE_PROBE = {
         "in-flight micro-batches need a pipeline schedule under torchrun (open, issue 23)"
     ),
 }
-LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "Mamba", "MTP")
+LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "hyper-connections", "Mamba", "MTP")
 MTP_REASON = (
     "no style model has mtp_num_layers >= 1 yet (Megatron-LM #4966: MTP under full recompute "
     "with a padding mask; open, issue 23)"
@@ -100,6 +100,8 @@ def _layer_kinds(model: str) -> set[str]:
         kinds.add("dense MLP")
     if "MoELayer" in names:
         kinds.add("MoE")
+    if "HyperConnectionModule" in names:
+        kinds.add("hyper-connections")
     if any("Mamba" in name for name in names):
         kinds.add("Mamba")
     if any("MultiTokenPrediction" in name for name in names):
@@ -167,7 +169,12 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
         values.append(AxisValue(axis, value, NOT_PROBED, reason=reason))
     values += _full_recompute_values(probes)
     kinds = {model: _layer_kinds(model) for model in models}
-    why_not = {"Mamba": _mamba_reason(), "MTP": MTP_REASON}
+    why_not = {
+        "Mamba": _mamba_reason(),
+        "MTP": MTP_REASON,
+        "hyper-connections": not_on_this_tree(STYLE_MODELS["mhc-tiny"])
+        or "mhc-tiny was not probed",
+    }
     for kind in LAYER_KINDS:
         where = [model for model in models if kind in kinds[model]]
         add("layer kind", kind, where, why_not.get(kind, "no probed model has this layer kind"))

@@ -22,7 +22,7 @@ def describe_tree(attention_backend: str, models: list[str] | None = None) -> di
     from harness.config.revisions import megatron_core_identity
     from harness.cpu.adapter import init_cpu_parallel_state, replaced_drift
     from harness.cpu.self_check import self_check_problems
-    from harness.models import STYLE_MODELS
+    from harness.models import buildable_models
     from harness.probe.runner import probe_models
     from harness.probe.table import probe_json
 
@@ -39,7 +39,7 @@ def describe_tree(attention_backend: str, models: list[str] | None = None) -> di
         else [
             probe_json(probe)
             for probe in probe_models(
-                models or list(STYLE_MODELS), attention_backend=attention_backend
+                models or buildable_models(), attention_backend=attention_backend
             )
         ],
     }

@@ -14,7 +14,7 @@ from harness.golden.probe import (
     write_probe_golden,
 )
 from harness.golden.store import golden_filename
-from harness.models import STYLE_MODELS
+from harness.models import STYLE_MODELS, buildable_models
 from harness.probe.coverage import describe_unmeasured
 from harness.probe.runner import probe_models
 from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
@@ -42,7 +42,7 @@ def probes():
         row.may_hang for row in plan_rows(layers=2)
     )  # the deadlock row exists; probe/test_isolate.py runs it
     results = probe_models(
-        list(STYLE_MODELS), hang_probe=False
+        buildable_models(), hang_probe=False
     )  # probe/test_isolate.py runs that row
     return {probe.model: probe for probe in results}
 
