@@ -39,6 +39,9 @@ class StyleModel:
     # Decoder layers with mHC residual streams (HyperConnectionTransformerLayer, Megatron Core 0.20 /
     # main): Megatron Core's layer specs never build them, so build_model swaps them in.
     hyper_connections: bool = False
+    # Trailing tokens of every sequence masked out of the loss (a padding mask: the batch carries a
+    # ``loss_mask``, which the MTP block reads too).
+    padding_tokens: int = 0
 
     @property
     def layers(self) -> int:
@@ -88,6 +91,16 @@ STYLE_MODELS: dict[str, StyleModel] = {
                 "recompute_num_layers 1, 2 and 4, and 3 does not divide the layers"
             ),
             config_kwargs={**_COMMON, **_DENSE, "num_layers": 4},
+        ),
+        StyleModel(
+            name="mtp-tiny",
+            description=(
+                "dense-tiny with one Multi-Token Prediction layer (mtp_num_layers 1, the MTP "
+                "block from MCore's own spec) and a padding mask (the last 8 tokens of each "
+                "sequence out of the loss): full recompute over the decoder and the MTP layer"
+            ),
+            config_kwargs={**_COMMON, **_DENSE, "num_layers": 2, "mtp_num_layers": 1},
+            padding_tokens=8,
         ),
         StyleModel(
             name="mhc-tiny",
@@ -162,6 +175,25 @@ def not_on_this_tree(style: StyleModel) -> str:
     """Why the imported Megatron Core cannot build ``style`` ("" when it can)."""
     if style.hyper_connections and _hyper_connection_classes() is None:
         return "this Megatron Core has no HyperConnectionTransformerLayer (mHC: 0.20 / main)"
+    if style.config_kwargs.get("mtp_num_layers"):
+        return _mtp_needs_transformer_engine()
+    return ""
+
+
+def _mtp_needs_transformer_engine() -> str:
+    """The head's ``MultiTokenPredictionLayer`` asks ``is_inference_column_parallel_linear`` about its
+    projection, an ``isinstance`` against Transformer Engine classes that are not types without TE:
+    the layer cannot be built there. Asked of the function itself, so a fixed tree builds again."""
+    try:
+        inference = importlib.import_module("megatron.core.tensor_parallel.inference_layers")
+        inference.is_inference_column_parallel_linear(None)
+    except (ImportError, AttributeError):
+        return ""  # older trees: the MTP layer asks no such thing
+    except TypeError as exc:
+        return (
+            "requires-TE: this Megatron Core's MultiTokenPredictionLayer cannot be built without "
+            f"Transformer Engine (is_inference_column_parallel_linear: TypeError: {exc})"
+        )
     return ""
 
 
@@ -255,22 +287,32 @@ class TinyModel:
         generator = torch.Generator().manual_seed(seed)
         shape = (self.micro_batch_size, self.seq_length + 1)
         tokens = torch.randint(0, self.style.vocab_size, shape, generator=generator).to(self.device)
-        return {
+        batch = {
             "input_ids": tokens[:, :-1].contiguous(),
             "position_ids": self._positions,
             "attention_mask": self._causal,
             "labels": tokens[:, 1:].contiguous(),
         }
+        if self.style.padding_tokens:
+            loss_mask = torch.ones(self.micro_batch_size, self.seq_length, device=self.device)
+            loss_mask[:, self.seq_length - self.style.padding_tokens :] = 0
+            batch["loss_mask"] = loss_mask
+        return batch
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean token loss: the scalar the probe differentiates."""
+        """Mean token loss (over the tokens the loss mask keeps, when the batch has one): the scalar
+        the probe differentiates. The MTP block adds its own loss to the graph through the mask."""
+        loss_mask = batch.get("loss_mask")
         per_token = self.module(
             batch["input_ids"],
             batch["position_ids"],
             batch["attention_mask"],
             labels=batch["labels"],
+            **({} if loss_mask is None else {"loss_mask": loss_mask}),
         )
-        return per_token.float().mean()
+        if loss_mask is None:
+            return per_token.float().mean()
+        return (per_token.float() * loss_mask).sum() / loss_mask.sum()
 
 
 def _parallel_sizes(has_experts: bool) -> dict[str, int]:
@@ -382,7 +424,10 @@ def build_model(
     (AssertionError / ValueError) for recompute fields it rejects.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_decoder_block_spec,
+        get_gpt_mtp_block_spec,
+    )
 
     style = buildable_model(name)
     seq_length = style.seq_length if seq_length is None else seq_length
@@ -408,6 +453,11 @@ def build_model(
     set_core_attention(block_spec, attention_backend, style.mla)
     if style.hyper_connections:
         _use_hyper_connections(block_spec)
+    mtp: dict[str, Any] = {}
+    if config.mtp_num_layers:
+        mtp["mtp_block_spec"] = get_gpt_mtp_block_spec(
+            config, block_spec, use_transformer_engine=False
+        )
     torch.manual_seed(seed)
     module = GPTModel(
         config,
@@ -415,6 +465,7 @@ def build_model(
         vocab_size=style.vocab_size,
         max_sequence_length=seq_length,
         position_embedding_type="rope",
+        **mtp,
     )
     module.to(device)
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))

@@ -39,10 +39,6 @@ OUTSIDE_THE_PROBE = {
     ),
 }
 LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "hyper-connections", "Mamba", "MTP")
-MTP_REASON = (
-    "no style model has mtp_num_layers >= 1 yet (Megatron-LM #4966: MTP under full recompute "
-    "with a padding mask; open, issue 23)"
-)
 SKIP_FINAL_FIELD = "skip_final_recompute"  # Megatron-LM #4921: opt-in, not in every revision
 
 
@@ -171,7 +167,6 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
     kinds = {model: _layer_kinds(model) for model in models}
     why_not = {
         "Mamba": _mamba_reason(),
-        "MTP": MTP_REASON,
         "hyper-connections": not_on_this_tree(STYLE_MODELS["mhc-tiny"])
         or "mhc-tiny was not probed",
     }

@@ -188,6 +188,18 @@ def _failed_row(row: ProbeRow, exc: BaseException) -> ProbeRowResult:
     )
 
 
+def _refused_by_megatron_core(exc: BaseException) -> bool:
+    """An ``AssertionError`` raised by Megatron Core's own code: a configuration check it makes at
+    run time rather than in its validator (e.g. MTP under full recompute wants recompute_num_layers
+    1), not a failure of the row."""
+    if not isinstance(exc, AssertionError) or exc.__traceback__ is None:
+        return False
+    frame = exc.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    return "/megatron/core/" in frame.tb_frame.f_code.co_filename.replace("\\", "/")
+
+
 def measure_row(
     model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any
 ) -> ProbeRowResult:
@@ -220,7 +232,17 @@ def measure_row(
     try:
         result = measure(built, seed=seed)
     except Exception as exc:  # noqa: BLE001
-        return _failed_row(row, exc)
+        if not _refused_by_megatron_core(exc):
+            return _failed_row(row, exc)
+        rejected = ConfigRejected.from_exception(exc)
+        return ProbeRowResult(
+            row.label,
+            REJECTED,
+            f"accepted by the validator, refused at the first forward: {exception_line(exc)}",
+            rejected.rule,
+            fields=row.fields,
+            add_bias_linear=row.add_bias_linear,
+        )
     if result.carried is None or result.peaks is None:
         raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     with_dropout = _build(

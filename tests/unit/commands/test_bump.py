@@ -105,6 +105,11 @@ def test_bump_to_0_18_2_names_every_drift_and_pins_only_its_own_goldens(tmp_path
     )
     assert "refused" not in out and "CPU adapter: a replaced upstream object" not in out
     assert "next step:" in out and "harness/config/rules.py" in out
+    # 0.18.2's MTP layer under full recompute passes a padding mask its checkpointed forward does not
+    # take (fixed by 0.19.0, Megatron-LM #4966): every full row of mtp-tiny raises, and nothing of
+    # mtp-tiny is written.
+    assert "got an unexpected keyword argument 'padding_mask'" in out
+    assert "mtp-tiny: not written: 6 row(s) raised (full-uniform-1, full-uniform-2, " in out
 
     after = goldens(repo)
     # 0.18.2's committed CPU goldens are rewritten by nothing; its manifest is the one file written.

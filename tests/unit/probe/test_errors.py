@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from harness.cli import main
+from harness.config.fields import RecomputeFields
+from harness.cpu.adapter import init_cpu_parallel_state
 from harness.golden.probe import golden_step
 from harness.probe import runner
-from harness.probe.status import EFFECTIVE, ERROR
+from harness.probe.plan import ProbeRow
+from harness.probe.status import EFFECTIVE, ERROR, REJECTED
 
 
 @pytest.fixture
@@ -61,3 +64,28 @@ def test_probe_exits_1_naming_each_row_that_raised(core_attn_raises, tmp_path, c
         "  dense-tiny (bf16) / core_attn: RuntimeError: a tree this harness has never seen\n" in out
     )
     assert "exercised by none of dense-tiny\n" in out
+
+
+def test_a_run_time_check_of_megatron_core_is_a_rejection_not_an_error():
+    # 0.19.2's MTP layer asserts recompute_num_layers == 1 under uniform full recompute in its
+    # forward: the validator accepted the configuration, Megatron Core refused it at first use.
+    init_cpu_parallel_state(seed=1234)
+    base = runner.baseline("mtp-tiny")
+    row = runner.measure_row("mtp-tiny", ProbeRow(RecomputeFields.full("uniform", 2)), base)
+    assert (row.status, row.rule) == (REJECTED, "mcore.unclassified")
+    assert row.reason == (
+        "accepted by the validator, refused at the first forward: "
+        "AssertionError: recompute_num_layers must be 1 for MTP recompute"
+    )
+
+
+def test_an_assertion_outside_megatron_core_is_still_an_error(monkeypatch):
+    init_cpu_parallel_state(seed=1234)
+    base = runner.baseline("dense-tiny")
+
+    def measure(model, **kwargs):
+        raise AssertionError("the harness's own assertion")
+
+    monkeypatch.setattr(runner, "measure", measure)
+    row = runner.measure_row("dense-tiny", ProbeRow(RecomputeFields.selective("mlp")), base)
+    assert row.status == ERROR and row.reason.startswith("AssertionError: the harness's own")
