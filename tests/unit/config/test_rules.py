@@ -188,9 +188,15 @@ def _trains_within(model, seconds: float) -> bool:
     saves RNG states on every turn of its loop and took a worker to 19 GB in a loaded tier."""
     deadline = time.monotonic() + seconds
     start = _resident_bytes()
+    fired = False
 
     def interrupt(*_):
-        if time.monotonic() > deadline or _resident_bytes() - start > _GROWTH_LIMIT_BYTES:
+        # Once only: a tick that lands after the step returned, or in the clean-up below, is ignored.
+        nonlocal fired
+        if not fired and (
+            time.monotonic() > deadline or _resident_bytes() - start > _GROWTH_LIMIT_BYTES
+        ):
+            fired = True
             raise _Interrupted
 
     previous = signal.signal(signal.SIGALRM, interrupt)
