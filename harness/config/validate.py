@@ -24,6 +24,19 @@ from harness.config.rules import rule_for_message, warning_rules_for
 # else, are a validator verdict.
 MCORE_REJECTIONS: tuple[type[Exception], ...] = (AssertionError, ValueError, NotImplementedError)
 
+
+def refused_at_run_time(exc: BaseException) -> bool:
+    """An ``AssertionError`` raised by Megatron Core's own code: a configuration check it makes at
+    run time rather than in its validator (e.g. MTP under full recompute wants recompute_num_layers
+    1), a refusal like ``MCORE_REJECTIONS``, not a failure of the run."""
+    if not isinstance(exc, AssertionError) or exc.__traceback__ is None:
+        return False
+    frame = exc.__traceback__
+    while frame.tb_next is not None:
+        frame = frame.tb_next
+    return "/megatron/core/" in frame.tb_frame.f_code.co_filename.replace("\\", "/")
+
+
 # Smallest model every config is built on; any field can be overridden. Four layers so that PP=2 and
 # recompute_num_layers up to 2 stay meaningful; four heads so that TP=2 divides them.
 BASE_MODEL: dict[str, Any] = {"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4}

@@ -188,23 +188,11 @@ def _failed_row(row: ProbeRow, exc: BaseException) -> ProbeRowResult:
     )
 
 
-def _refused_by_megatron_core(exc: BaseException) -> bool:
-    """An ``AssertionError`` raised by Megatron Core's own code: a configuration check it makes at
-    run time rather than in its validator (e.g. MTP under full recompute wants recompute_num_layers
-    1), not a failure of the row."""
-    if not isinstance(exc, AssertionError) or exc.__traceback__ is None:
-        return False
-    frame = exc.__traceback__
-    while frame.tb_next is not None:
-        frame = frame.tb_next
-    return "/megatron/core/" in frame.tb_frame.f_code.co_filename.replace("\\", "/")
-
-
 def measure_row(
     model: str, row: ProbeRow, base: Baseline, *, seed: int = 1234, **sizes: Any
 ) -> ProbeRowResult:
     """Build ``row`` with the control's weights, measure it, classify it."""
-    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
+    from harness.config.validate import MCORE_REJECTIONS, ConfigRejected, refused_at_run_time
 
     # What an accepted configuration does on this revision is the row's result, an exception too.
     try:
@@ -232,7 +220,7 @@ def measure_row(
     try:
         result = measure(built, seed=seed)
     except Exception as exc:  # noqa: BLE001
-        if not _refused_by_megatron_core(exc):
+        if not refused_at_run_time(exc):
             return _failed_row(row, exc)
         rejected = ConfigRejected.from_exception(exc)
         return ProbeRowResult(

@@ -90,16 +90,16 @@ def test_rewriting_an_unchanged_golden_writes_nothing_and_lists_unmeasured_label
     assert problems == [f"{removed['label']}: unmeasured: {describe_unmeasured(removed)}"]
 
 
+# The pins of a golden written by an older Megatron Core (pinned by version, no commit).
+OLDER_MEGATRON_CORE = {"version": "0.0.1", "commit": None, "fingerprint": "0000000000000000"}
+
+
 def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes, tmp_path):
     probe = probes["moonlight-tiny"]
     path, _ = write_probe_golden(probe, tmp_path)
     golden = json.loads(path.read_text())
     # As written by an older MCore, whether this one is pinned by a version or by a commit.
-    golden["pins"]["megatron_core"] = {
-        "version": "0.0.1",
-        "commit": None,
-        "fingerprint": "0000000000000000",
-    }
+    golden["pins"]["megatron_core"] = OLDER_MEGATRON_CORE
     next(row for row in golden["rows"] if row["label"] == "moe")["values"]["backward_flops"] += 1
     older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
@@ -115,11 +115,7 @@ def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path
     probe = probes["dense-tiny"]
     path, _ = write_probe_golden(probe, tmp_path)
     golden = json.loads(path.read_text())
-    golden["pins"]["megatron_core"] = {
-        "version": "0.0.1",
-        "commit": None,
-        "fingerprint": "0000000000000000",
-    }
+    golden["pins"]["megatron_core"] = OLDER_MEGATRON_CORE
     older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
     path.unlink()
