@@ -71,7 +71,7 @@ _MOE: dict[str, Any] = {
     "moe_router_topk": 2,
     "moe_ffn_hidden_size": 32,
     "moe_shared_expert_intermediate_size": 32,
-    "moe_token_dispatcher_type": "allgather",  # alltoall creates a CUDA stream
+    "moe_token_dispatcher_type": "allgather",
     "moe_router_load_balancing_type": "aux_loss",
     "moe_aux_loss_coeff": 1e-2,
 }
@@ -143,12 +143,17 @@ STYLE_MODELS: dict[str, StyleModel] = {
             name="nemotron-tiny",
             description=(
                 "attention + MoE (shared experts, squared-ReLU, grouped-GEMM flag) part of "
-                "the Nemotron-H pattern, 2 layers; the Mamba layers are left out: they need CUDA kernels "
-                "(mamba_ssm / causal_conv1d) that do not run on CPU"
+                "the Nemotron-H pattern, 2 layers, on the alltoall token dispatcher (the CPU "
+                "relative of the recipe's HybridEP / flex); the Mamba layers are left out: they "
+                "need CUDA kernels (mamba_ssm / causal_conv1d) that do not run on CPU"
             ),
             config_kwargs={
                 **_COMMON,
                 **_MOE,
+                # The MoE rows are measured on both dispatchers: moonlight-tiny keeps allgather
+                # (its EP 2 torchrun sweep runs on gloo), nemotron-tiny runs alltoall (its side
+                # stream: the CPU adapter's part 5).
+                "moe_token_dispatcher_type": "alltoall",
                 "num_layers": 2,
                 "ffn_hidden_size": 128,
                 "num_query_groups": 2,

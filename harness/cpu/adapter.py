@@ -28,6 +28,13 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
 4. ``torch.compile`` decorations made while Megatron Core imports are deferred to the first call
    (``harness.cpu.deferred_compile``, installed before MCore imports by the harness's entry points):
    the same compilation, without importing TorchDynamo and Inductor into every CPU rank.
+5. CUDA streams (``torch.cuda.Stream``, ``torch.cuda.current_stream``, ``torch.cuda.stream``): the
+   alltoall token dispatcher copies its split sizes to the host on a side stream and waits on an
+   event it records there (``MoEAlltoAllTokenDispatcher``: ``torch.cuda.Stream()`` in ``__init__``,
+   ``record_event().synchronize()`` per step). On CPU they are torch's own CPU stream stubs
+   (``torch.cpu.Stream``), whose ``record_event`` returns a ``torch.cpu.Event`` as CUDA's does: CPU
+   work is synchronous, so every ordering the streams and events express already holds, and the
+   dispatcher's permutation, splits and recompute paths run unmodified.
 
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
@@ -65,6 +72,9 @@ PATCHED_SURFACE: dict[str, dict[str, str]] = {
     "torch.cuda.get_rng_state": {"1190f97901d79384": _TORCH},
     "torch.cuda.manual_seed": {"a71497712eba81c9": _TORCH},
     "torch.compile": {"8a81c21214c35713": _TORCH},  # part 4, harness.cpu.deferred_compile
+    "torch.cuda.Stream": {"f5b9547b46603680": _TORCH},
+    "torch.cuda.current_stream": {"ca5387f64ee12c98": _TORCH},
+    "torch.cuda.stream": {"a701c622b6f531dc": _TORCH},
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": {"aa26caaa069c5c4f": _MCORE},
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": {"b179c9d95438b61c": _MCORE},
 }
@@ -84,6 +94,9 @@ _ORIGINALS: dict[str, Any] = {
     "torch.cuda.get_rng_state": torch.cuda.get_rng_state,
     "torch.cuda.manual_seed": torch.cuda.manual_seed,
     "torch.compile": upstream_compile(),
+    "torch.cuda.Stream": torch.cuda.Stream,
+    "torch.cuda.current_stream": torch.cuda.current_stream,
+    "torch.cuda.stream": torch.cuda.stream,
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": mcore_random._get_cuda_rng_state,
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": mcore_random._set_cuda_rng_state,
 }
@@ -155,6 +168,16 @@ def _cpu_set_rng_state(new_state: torch.Tensor, device: int = -1, graph_safe: bo
     torch.set_rng_state(new_state)
 
 
+class _CpuStream(torch.cpu.Stream):
+    """``torch.cuda.Stream`` on CPU: torch's CPU stream stub, whose ``record_event`` returns an event
+    (the stub's returns None; the alltoall dispatcher synchronizes on what it returns)."""
+
+    def record_event(self, event: Any = None) -> Any:
+        event = torch.cpu.Event() if event is None else event
+        event.record(self)
+        return event
+
+
 class _DropForkWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return _FORK_WARNING not in record.getMessage()
@@ -193,6 +216,9 @@ def enable_cpu_adapter() -> bool:
     torch.cuda.current_device = _cpu_current_device
     torch.cuda.get_rng_state = _cpu_get_rng_state
     torch.cuda.manual_seed = _cpu_manual_seed
+    torch.cuda.Stream = _CpuStream
+    torch.cuda.current_stream = torch.cpu.current_stream
+    torch.cuda.stream = torch.cpu.stream
     mcore_random._get_cuda_rng_state = _cpu_get_rng_state
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())

@@ -172,3 +172,36 @@ def test_deferred_compile_compiles_on_first_call_exactly_as_upstream():
         upstream_compile() is adapter._ORIGINALS["torch.compile"]
         and upstream_compile() is not torch.compile
     )
+
+
+def test_cuda_stream_names_are_cpu_streams_whose_events_synchronize(cpu_group):
+    # The alltoall dispatcher's side-stream pattern: wait, copy on the stream, record, synchronize.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        copied = torch.arange(4).to("cpu")
+    event = side.record_event()
+    event.synchronize()
+    assert event.query() and torch.equal(copied, torch.arange(4))
+
+
+def test_alltoall_dispatcher_runs_on_cpu_and_matches_allgather_bit_for_bit(cpu_group):
+    # At EP 1 both dispatchers route the same tokens to the same experts: the stream stand-ins
+    # change no numerics, only which MCore path (permutation, splits, recompute) runs.
+    from harness.config.fields import RecomputeFields
+    from harness.models import build_model
+
+    results = []
+    for dispatcher in ("allgather", "alltoall"):
+        model = build_model(
+            "moonlight-tiny", RecomputeFields.selective("moe"), moe_token_dispatcher_type=dispatcher
+        )
+        loss = model.loss(model.batch())
+        loss.backward()
+        grads = {n: p.grad for n, p in model.module.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), grads))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    assert grads_a.keys() == grads_b.keys() and all(
+        torch.equal(grads_a[n], grads_b[n]) for n in grads_a
+    )
