@@ -20,23 +20,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "support"))
 
-from overlays import HEAD_COMMIT, MEGATRON_LM_GIT, megatron_lm_tree
+from overlays import megatron_lm_tree, pull_request_trees
 
 TARGET_S = 90.0
-
-
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", "--git-dir", str(MEGATRON_LM_GIT), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-
-
-def pull_request_trees(number: int) -> tuple[Path, Path]:
-    head = _git("rev-parse", f"refs/pull/{number}/head")
-    return megatron_lm_tree(_git("merge-base", head, HEAD_COMMIT)), megatron_lm_tree(head)
 
 
 def timed_diff(a: Path, b: Path) -> tuple[float, int, str]:

@@ -94,6 +94,12 @@ def config_class_for(fields: Mapping[str, Any]) -> type:
     return mla if fields.get("multi_latent_attention") else transformer
 
 
+def config_has_field(name: str) -> bool:
+    """Whether the installed ``TransformerConfig`` declares ``name`` (fields newer than the oldest
+    supported revision, e.g. ``skip_final_recompute``, are measured only where they exist)."""
+    return name in config_defaults(config_classes()[0])
+
+
 @cache
 def config_defaults(config_class: type) -> dict[str, Any]:
     """Declared default of every field of ``config_class`` (before ``__post_init__`` runs)."""

@@ -19,6 +19,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.config.fields import SKIP_FINAL_FIELD
+from harness.config.validate import config_has_field
 from harness.models import STYLE_MODELS, build_model, not_on_this_tree
 from harness.probe.coverage import single_label_rows
 from harness.probe.plan import CONTROL, PRECISIONS
@@ -39,7 +41,6 @@ OUTSIDE_THE_PROBE = {
     ),
 }
 LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "hyper-connections", "Mamba", "MTP")
-SKIP_FINAL_FIELD = "skip_final_recompute"  # Megatron-LM #4921: opt-in, not in every revision
 
 
 @dataclass
@@ -180,39 +181,41 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
 
 
 def _full_recompute_values(probes: list[ModelProbe]) -> list[AxisValue]:
-    """method x recompute_num_layers per pass, as measured or as the revision's status; and
-    ``skip_final_recompute``, which only some revisions' TransformerConfig has."""
-    found: dict[tuple[str | None, str], AxisValue] = {}
+    """method x recompute_num_layers (and ``skip_final_recompute``, which only some revisions'
+    TransformerConfig has) per pass, as measured or as the revision's status."""
+    found: dict[tuple[bool, str, int], AxisValue] = {}
     for probe in probes:
         for row in probe.rows:
-            if row.fields.granularity != "full":
+            fields = row.fields
+            if fields.granularity != "full":
                 continue
-            key = (row.fields.method, f"{row.fields.method} x {row.fields.num_layers}")
+            key = (fields.skip_final, fields.method or "", fields.num_layers or 0)
+            value = f"{fields.method} x {fields.num_layers}"
+            value += f" + {SKIP_FINAL_FIELD}" if fields.skip_final else ""
             name = _pass_name(probe)
-            entry = found.setdefault(key, AxisValue("full recompute", key[1], MEASURED))
+            entry = found.setdefault(key, AxisValue("full recompute", value, MEASURED))
             if row.measured:
                 entry.where.append(name)
             else:
                 entry.reason += f"{'; ' if entry.reason else ''}{name}: {row.status}: {row.reason}"
                 if not entry.where:
                     entry.status = row.status
-    values = sorted(
-        found.values(), key=lambda v: (v.value.split(" x ")[0], int(v.value.split(" x ")[1]))
-    )
-    has_field = SKIP_FINAL_FIELD in _config_fields()
-    values.append(
-        AxisValue(
-            "full recompute",
-            SKIP_FINAL_FIELD,
-            NOT_PROBED,
-            reason=(
-                f"TransformerConfig has {SKIP_FINAL_FIELD}; the probe has no row for it yet (open)"
-                if has_field
-                else f"this revision's TransformerConfig has no {SKIP_FINAL_FIELD} field "
-                "(Megatron-LM #4921)"
-            ),
+    values = [found[key] for key in sorted(found)]
+    if not any(skip for skip, _, _ in found):
+        values.append(
+            AxisValue(
+                "full recompute",
+                SKIP_FINAL_FIELD,
+                NOT_PROBED,
+                reason=(
+                    f"TransformerConfig has {SKIP_FINAL_FIELD}, but no probed model ran full "
+                    "recompute rows"
+                    if config_has_field(SKIP_FINAL_FIELD)
+                    else f"this revision's TransformerConfig has no {SKIP_FINAL_FIELD} field "
+                    "(Megatron-LM #4921)"
+                ),
+            )
         )
-    )
     return values
 
 

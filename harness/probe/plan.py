@@ -3,7 +3,7 @@
 The control ``[]``, every label the installed validator accepts (read from it, never listed here),
 the combinations from the skill's tables (harness/data/probe-combinations.json), and full recompute
 with each method at the ``recompute_num_layers`` values derived from the model's depth
-(harness/probe/sweep.py).
+(harness/probe/sweep.py), again with ``skip_final_recompute`` where the revision has that field.
 ``--modules`` narrows that to the control plus the label sets a user names.
 """
 
@@ -13,7 +13,8 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 
-from harness.config.fields import RecomputeFields, parse_labels, require_known
+from harness.config.fields import SKIP_FINAL_FIELD, RecomputeFields, parse_labels, require_known
+from harness.config.validate import config_has_field
 from harness.probe.sweep import full_recompute_fields
 
 CONTROL = RecomputeFields.selective()
@@ -79,7 +80,8 @@ def plan_rows(
         for combo in data["combinations"]
         if all(label in known for label in combo)
     ]
-    rows += [ProbeRow(fields) for fields in full_recompute_fields(layers)]
+    skip_final = config_has_field(SKIP_FINAL_FIELD)
+    rows += [ProbeRow(fields) for fields in full_recompute_fields(layers, skip_final=skip_final)]
     if hang_probe and "mlp" in known:
         rows.append(ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True))
     return rows

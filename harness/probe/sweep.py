@@ -7,7 +7,8 @@ values that tell implementations apart are derived from the stage's layer count 
 last chunk is short: Megatron-LM #3562 indexed past the last layer there) and ``L + 1`` (above the
 count: the validator does not bound it, so what the revision does is the row's status). Nothing here
 names a revision: each value is measured, and whatever the installed code does (a measurement, a
-rejection, an exception) is the row's result.
+rejection, an exception) is the row's result. Where the revision's TransformerConfig has
+``skip_final_recompute`` (Megatron-LM #4921), every pair is measured again with it set.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def num_layers_sweep(layers: int) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
-def full_recompute_fields(layers: int) -> list[RecomputeFields]:
-    """Every (method, recompute_num_layers) pair for a stage of ``layers`` layers, method-major."""
+def full_recompute_fields(layers: int, *, skip_final: bool = False) -> list[RecomputeFields]:
+    """Every (method, recompute_num_layers) pair for a stage of ``layers`` layers, method-major;
+    with ``skip_final``, each pair again with ``skip_final_recompute`` set, after them."""
     return [
-        RecomputeFields.full(method, num_layers)
+        RecomputeFields.full(method, num_layers, skip_final=skip)
+        for skip in ((False, True) if skip_final else (False,))
         for method in full_methods()
         for num_layers in num_layers_sweep(layers)
     ]

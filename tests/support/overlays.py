@@ -100,6 +100,27 @@ def megatron_lm_tree(commit: str = HEAD_COMMIT) -> Path:
     return target
 
 
+def pull_request_trees(number: int) -> tuple[Path, Path]:
+    """Work trees of Megatron-LM pull request ``number``: its merge-base with ``HEAD_COMMIT`` and its
+    head (the repository keeps pull requests as ``refs/pull/N/head``); ``LookupError`` without them."""
+    try:
+        head = _git_output("rev-parse", f"refs/pull/{number}/head")
+        base = _git_output("merge-base", head, HEAD_COMMIT)
+    except (subprocess.CalledProcessError, OSError) as exc:
+        raise LookupError(f"no pull request {number} in {MEGATRON_LM_GIT}: {exc}") from None
+    return megatron_lm_tree(base), megatron_lm_tree(head)
+
+
+def _git_output(*args: str) -> str:
+    return subprocess.run(
+        ["git", "--git-dir", str(MEGATRON_LM_GIT), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=PIP_TIMEOUT_S,
+    ).stdout.strip()
+
+
 def revision_path(revision: str) -> Path | None:
     """The directory to put first on ``PYTHONPATH`` for a revision of ``REVISIONS`` (None: the venv's)."""
     if revision == INSTALLED:

@@ -6,6 +6,7 @@ and diff. Its own CI step (``pytest -m revisions -n 2``, .ci/run), outside the C
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from overlays import megatron_lm_tree, overlay
+from overlays import megatron_lm_tree, overlay, pull_request_trees
 
 from harness.config.revisions import megatron_core_root
 
@@ -80,3 +81,27 @@ def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
     assert diff.stdout.rstrip().endswith(
         "verdict: same behaviour (new fingerprint, no value changed)"
     )
+
+
+def test_skip_final_recompute_is_measured_where_a_tree_declares_it():
+    # Megatron-LM #4921 (not merged) adds TransformerConfig.skip_final_recompute: the probe plans
+    # its rows from the tree's own config and measures what the field does to each unit.
+    try:
+        _, pr_head = pull_request_trees(4921)
+    except LookupError as exc:
+        pytest.skip(f"no Megatron-LM pull request #4921: {exc}")
+    probe = harness(pr_head, "probe", "--model", "dense-deep", "--precision", "fp32", "--json")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
+    rows = {row["label"]: row for row in json.loads(probe.stdout)[0]["rows"]}
+    layers = 4  # dense-deep
+    skip_rows = [label for label in rows if label.endswith("-skip-final")]
+    assert len(skip_rows) == 2 * (layers + 1)  # every method x recompute_num_layers pair again
+    retained = {label: row["retained_bytes"] for label, row in rows.items()}
+    # block: the last of the first n checkpointed layers runs plainly, as under block with n - 1.
+    for n in range(2, layers + 1):
+        assert retained[f"full-block-{n}-skip-final"] == retained[f"full-block-{n - 1}"]
+    # uniform 1: every layer but the last checkpointed alone, which is block with L - 1.
+    assert retained["full-uniform-1-skip-final"] == retained[f"full-block-{layers - 1}"]
+    # uniform L: the one unit is the final one, so nothing is recomputed.
+    assert rows[f"full-uniform-{layers}-skip-final"]["status"] == "inactive"
+    assert rows["full-block-1-skip-final"]["status"] == "inactive"

@@ -43,3 +43,22 @@ def test_every_method_is_swept_at_every_value():
 def test_the_plan_takes_its_full_rows_from_the_models_depth():
     full = [row.label for row in plan_rows(layers=4) if row.fields.granularity == "full"]
     assert full == [f"full-{m}-{n}" for m in ("uniform", "block") for n in (1, 2, 3, 4, 5)]
+
+
+def test_skip_final_repeats_every_pair_after_the_plain_ones():
+    plain = full_recompute_fields(2)
+    assert full_recompute_fields(2, skip_final=True) == plain + [
+        RecomputeFields.full(f.method or "", f.num_layers or 0, skip_final=True) for f in plain
+    ]
+
+
+def test_the_plan_asks_the_installed_config_for_skip_final_rows():
+    # Megatron-LM #4921's field is in no supported revision's TransformerConfig: no such rows here
+    # (commands/test_revisions.py measures them on the pull request's own tree).
+    from harness.config.fields import SKIP_FINAL_FIELD
+    from harness.config.validate import config_has_field
+
+    has_field = config_has_field(SKIP_FINAL_FIELD)
+    skip_rows = [row for row in plan_rows(layers=4) if row.fields.skip_final]
+    assert len(skip_rows) == (10 if has_field else 0)
+    assert config_has_field("recompute_num_layers")
