@@ -22,14 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.distributed._tools.mem_tracker import MemTracker
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.norm import FusedRMSNorm
 from harness.estimate.model import CPU_FLAGS, MOE, Architecture
 from harness.models import set_core_attention, transformer_config
 from harness.probe.measure import retained_by_forward
-from harness.probe.peaks import live_activation_bytes
+from harness.probe.peaks import live_activation_bytes, memory_tracker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -222,7 +221,7 @@ def measure_layer_peaks(
         for parameter in layer.parameters()
         if parameter.requires_grad
     ]
-    tracker = MemTracker()
+    tracker = memory_tracker()
     tracker.track_external(layer, hidden, mask)
     try:
         with tracker:
