@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
+from functools import cache
 from typing import Any
 
 import torch
@@ -133,13 +134,17 @@ class _IndexedMemTracker(MemTracker):
                 self._peak_mem_snap[device] = dict(snapshot)
 
 
-def memory_tracker() -> MemTracker:
-    """A fresh tracker: the indexed one where torch's methods are the reviewed ones."""
-    reviewed = all(
+@cache
+def _memtracker_is_reviewed() -> bool:
+    return all(
         source_digest(getattr(MemTracker, method)) == digest
         for method, digest in _REVIEWED_MEMTRACKER.items()
     )
-    return _IndexedMemTracker() if reviewed else MemTracker()
+
+
+def memory_tracker() -> MemTracker:
+    """A fresh tracker: the indexed one where torch's methods are the reviewed ones."""
+    return _IndexedMemTracker() if _memtracker_is_reviewed() else MemTracker()
 
 
 def _phase_peak(snapshot: dict[str, int], carried: PhasePeak | None = None) -> PhasePeak:
