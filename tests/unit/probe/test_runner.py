@@ -205,9 +205,10 @@ def test_tables_render(probes):
 
 
 def test_carried_memory_names_the_moe_dispatcher_under_reentrant_recompute(probes):
-    # docs/carried-memory.md: under `moe` and full recompute the allgather dispatcher's local_probs
-    # holds the replay's graph, keeping the checkpoint input and its grad ([s, b, h] each) alive.
-    for name in ("moonlight-tiny", "nemotron-tiny"):
+    # docs/carried-memory.md: under `moe` and full recompute the dispatcher's routing probabilities
+    # (allgather: local_probs, moonlight-tiny; alltoall: probs, nemotron-tiny) hold the replay's
+    # graph, keeping the checkpoint input and its grad ([s, b, h] each) alive.
+    for name, attribute in (("moonlight-tiny", "local_probs"), ("nemotron-tiny", "probs")):
         probe, rows = probes[name], rows_of(probes[name])
         hidden = [probe.seq_length, probe.micro_batch_size, 64]
         for label in ("moe", "full-uniform-1"):
@@ -216,7 +217,7 @@ def test_carried_memory_names_the_moe_dispatcher_under_reentrant_recompute(probe
                 h
                 for h in rows[label].carried_holders
                 if h["holder"].endswith(
-                    ("local_probs -> graph leaf", "local_probs -> graph leaf .grad")
+                    (f".{attribute} -> graph leaf", f".{attribute} -> graph leaf .grad")
                 )
             ]
             assert (
