@@ -7,19 +7,19 @@ once and reuses (rotary caches, the MoE metrics tracker) is not counted:
 1. after step 1, ``gc.collect()`` frees its garbage and ``gc.freeze()`` moves every Python object
    alive then into the permanent generation. Automatic collection is off for the whole measurement
    (``harness.probe.measure.no_automatic_gc``): when a collection runs depends on allocations in
-   every thread, so on a loaded machine a cycle-held cache (a (32, 2) tensor of nemotron-tiny's
-   router, held by a tuple) was sometimes freed before step 2 and rebuilt by it, and sometimes not:
-   256 carried bytes that came and went from run to run;
+   every thread, so a cycle-held cache could be freed before step 2 and rebuilt by it, or not;
 2. step 2 runs (forward + backward, no instrumentation);
 3. after ``gc.collect()`` the Python tensors ``gc.get_objects()`` still lists are exactly those made
    in step 2 and still alive. Their storages, deduplicated, minus parameters, gradients and the batch
-   (and minus views of older storages), are the carried bytes.
+   (and minus views of older storages), are the carried bytes; a tensor no walk reaches (below) is
+   counted only if it outlives a bounded wait for C++ holders that are letting go (``_settled``:
+   a finished gloo collective's work, the 256-byte flake of docs/history.md).
 
 Freezing keeps the scan proportional to what step 2 made, not to the ~450k objects torch + Megatron
 Core keep alive. Inside ``frozen_across_rows()`` (a probe pass) what a measurement froze stays frozen
 until the pass ends, so the collection before the next row's step is proportional too: a full
-collection of that heap cost 0.25 s, twice per row, about a third of a probe's time. Tensors referenced only from C++ with no Python
-object are invisible here; after backward the autograd graph is gone, so none are expected.
+collection of that heap cost 0.25 s, twice per row, about a third of a probe's time. A tensor held
+from C++ keeps its Python object (torch preserves it), so it is listed too.
 
 **Holders**: every carried storage is charged to the first path that reaches it, walked from Megatron
 Core's module globals and then from the model (module attributes, into plain objects such as the MoE
@@ -35,7 +35,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import sys
+import time
 import types
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +47,9 @@ import torch
 _frozen_across_rows = (
     False  # inside frozen_across_rows(): measure_carried leaves its freeze in place
 )
+# How long a tensor that no walk reaches may take to be released by a C++ holder that is letting go
+# (``_settled``), and how often it is looked at meanwhile.
+_SETTLE_S, _SETTLE_POLL_S = 2.0, 0.002
 _MAX_DEPTH = 4  # attribute / container nesting followed from a root; Megatron's holders sit at 1-3
 _GLOBAL_PREFIX = "megatron."
 # Objects whose attributes are code or configuration, not state a step writes.
@@ -194,13 +199,51 @@ def _young_tensors() -> list[torch.Tensor]:
     return [obj for obj in gc.get_objects() if isinstance(obj, torch.Tensor)]
 
 
-def _unreached_holder(tensor: torch.Tensor, ours: tuple[object, ...]) -> tuple[str, str]:
-    """What holds a tensor no walk reached, judged by its young referrers (this module's own excluded)."""
-    referrers = [
-        ref
-        for ref in gc.get_referrers(tensor)
-        if not any(ref is mine for mine in ours) and not isinstance(ref, types.FrameType)
-    ]
+def _new_storages(young: list[torch.Tensor], excluded: set[int]) -> dict[int, torch.Tensor]:
+    """Storage key -> one young tensor on it, for the storages not in ``excluded`` (and not empty)."""
+    young_ids = {id(t) for t in young}
+    wanted: dict[int, torch.Tensor] = {}
+    for tensor in young:
+        # A view of an older tensor's storage (a cache sliced this step) is not new memory.
+        if tensor._base is not None and id(tensor._base) not in young_ids:
+            continue
+        key = _key(tensor)
+        if key not in excluded and tensor.untyped_storage().nbytes() > 0:
+            wanted.setdefault(key, tensor)
+    return wanted
+
+
+def _settled(unreached: list[weakref.ReferenceType[torch.Tensor]]) -> list[torch.Tensor]:
+    """The tensors of ``unreached`` still alive once transient C++ holders have let go.
+
+    A finished collective is one: ``wait()`` returns when the operation completes, and gloo's worker
+    thread drops the work (which holds its input and output tensors) just after, so a step's last
+    all-reduce (vocab-parallel cross-entropy's ``[s, b]`` logits, even on a TP group of one) or
+    sequence-parallel all-gather (``[s, b, h]``) is sometimes still alive when the step returns, and
+    sometimes not: the 256-byte carried flake of docs/history.md. Their deaths are waited for,
+    boundedly (a loaded machine may not run that thread for a while); what outlives the wait is
+    carried. Nothing is waited for when every carried tensor has a Python holder (the usual case)."""
+    deadline = time.monotonic() + _SETTLE_S
+    alive = [ref for ref in unreached if ref() is not None]
+    while alive and time.monotonic() < deadline:
+        time.sleep(_SETTLE_POLL_S)
+        alive = [ref for ref in alive if ref() is not None]
+    return [tensor for ref in alive if (tensor := ref()) is not None]
+
+
+def _carried(tensor: torch.Tensor, holder: str, owner: str) -> CarriedTensor:
+    return CarriedTensor(
+        holder,
+        owner,
+        tuple(tensor.shape),
+        str(tensor.dtype).removeprefix("torch."),
+        tensor.untyped_storage().nbytes(),
+    )
+
+
+def _unreached_holder(tensor: torch.Tensor) -> tuple[str, str]:
+    """What holds a tensor no walk reached, judged by its young referrers."""
+    referrers = [ref for ref in gc.get_referrers(tensor) if not isinstance(ref, types.FrameType)]
     if any(isinstance(ref, types.CellType) for ref in referrers):
         return "a closure cell", "<closure>"
     if referrers:
@@ -244,15 +287,7 @@ def measure_carried(
         young = _young_tensors()
         old_excluded = {_key(p) for p in module.parameters()} | {_key(t) for t in excluded}
         old_excluded |= {_key(p.grad) for p in module.parameters() if p.grad is not None}
-        young_ids = {id(t) for t in young}
-        wanted: dict[int, torch.Tensor] = {}
-        for tensor in young:
-            # A view of an older tensor's storage (a cache sliced this step) is not new memory.
-            if tensor._base is not None and id(tensor._base) not in young_ids:
-                continue
-            key = _key(tensor)
-            if key not in old_excluded and tensor.untyped_storage().nbytes() > 0:
-                wanted.setdefault(key, tensor)
+        wanted = _new_storages(young, old_excluded)
         reach = _Reach(wanted)
         # Globals first: a state the RNG tracker holds now is the tracker's, even when a checkpoint's
         # ctx holds the same storage too.
@@ -266,23 +301,19 @@ def measure_carried(
                     reach.walk(
                         value, f"{name}.{attribute}" if name else attribute, name or "(model)"
                     )
-        tensors = []
-        for key, tensor in wanted.items():
-            holder, owner = (
-                reach.found[key]
-                if key in reach.found
-                else _unreached_holder(tensor, (young, wanted))
-            )
-            tensors.append(
-                CarriedTensor(
-                    holder,
-                    owner,
-                    tuple(tensor.shape),
-                    str(tensor.dtype).removeprefix("torch."),
-                    tensor.untyped_storage().nbytes(),
-                )
-            )
+        tensors = [
+            _carried(tensor, *reach.found[key])
+            for key, tensor in wanted.items()
+            if key in reach.found
+        ]
+        unreached = [weakref.ref(t) for key, t in wanted.items() if key not in reach.found]
         del young, wanted, reach
+        # Only weak references from here: a holder that is letting go must be able to.
+        survivors = _settled(unreached)
+        while survivors:  # popped, so no list of ours is among a survivor's referrers
+            survivor = survivors.pop()
+            tensors.append(_carried(survivor, *_unreached_holder(survivor)))
+            del survivor
     finally:
         if unfreeze:
             gc.unfreeze()

@@ -180,13 +180,7 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
         reseed(seed)
         model.loss(batch).backward()
 
-    # Measured over two further steps, keeping the smaller: about one row in a hundred, one step leaves
-    # a 256 B [s, b] tensor held by a tuple alive (holder not found yet; docs/history.md), which a
-    # carried path that really keeps memory does on every step.
-    carried = min(
-        (measure_carried(module, second_step, list(batch.values())) for _ in range(2)),
-        key=lambda found: found.bytes,
-    )
+    carried = measure_carried(module, second_step, list(batch.values()))
     # After two steps, so what the first step builds once (rotary caches) is not in any phase's peak.
     peaks = measure_step_peaks(model, seed=seed)
     return Measurement(

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import threading
+import time
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, reseed
 from harness.models import build_model
+from harness.probe import carried as carried_module
 from harness.probe.carried import measure_carried
 
 
@@ -48,6 +51,25 @@ def test_counts_what_the_second_step_leaves_and_names_the_holder():
     assert carried.bytes == 4 * 8 * 4 + 16 * 4
     assert carried.attribution() == {"(model)": 128, "<closure>": 64}
     assert gc.get_freeze_count() == 0
+
+
+def _handed_to_a_thread(seconds: float) -> None:
+    """A step whose last tensor is held by another thread for ``seconds`` after the step returns, as
+    gloo's worker thread holds a finished collective's tensors until it drops the work."""
+    tensor = torch.zeros(64)
+    threading.Thread(target=lambda held=tensor: time.sleep(seconds), daemon=True).start()
+
+
+@pytest.mark.parametrize("seconds, settle_s, carried_bytes", [(0.5, 2.0, 0), (1.2, 0.3, 64 * 4)])
+def test_a_holder_letting_go_just_after_the_step_is_waited_for(
+    monkeypatch, seconds, settle_s, carried_bytes
+):
+    # The 256-byte flake of docs/history.md: released within the bounded wait, it is not carried;
+    # held past it, it is.
+    monkeypatch.setattr(carried_module, "_SETTLE_S", settle_s)
+    carried = measure_carried(torch.nn.Linear(2, 2), lambda: _handed_to_a_thread(seconds), [])
+    assert carried.bytes == carried_bytes
+    time.sleep(seconds)  # the thread lets go before the next test
 
 
 def test_the_freeze_is_undone_when_the_step_fails():
