@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.cpu import mamba_kernels as mk
 
@@ -243,6 +244,38 @@ def test_gated_norm_and_conv_save_what_the_gpu_kernels_save():
     _, slots, saved = _saved(mk.causal_conv1d_fn, x, weight, bias, None, None, False, None, "silu")
     assert slots == [((2, 12, 20), fp32), ((12, 4), fp32), ((12,), fp32), None, None]
     assert saved[0].data_ptr() == x.data_ptr()
+
+
+class _GradModeOps(TorchDispatchMode):
+    """Counts the ops that run with grad mode on: what the probe counts as replay in backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += torch.is_grad_enabled()
+        return func(*args, **(kwargs or {}))
+
+
+def test_backward_derives_gradients_without_replaying_under_autograd():
+    # A kernel's backward is not a replay: it runs nothing with grad mode on (which the probe would
+    # count as MCore's replay, harness.probe.measure).
+    zxbcdt = torch.randn(2, 20, 32 + 32 + 64 + 4, requires_grad=True)
+    weight, bias = torch.randn(96, 4, requires_grad=True), torch.randn(96, requires_grad=True)
+    dt_bias, A, D = torch.zeros(4), -torch.ones(4), torch.ones(4, requires_grad=True)
+    out = mk.mamba_split_conv1d_scan_combined(
+        zxbcdt, weight, bias, dt_bias, A, D, 8, headdim=8, ngroups=2
+    )
+    norm = mk.RMSNormGated(32, group_size=16, norm_before_gate=False)
+    loss = (
+        norm(out, out.detach()).sum()
+        + mk.causal_conv1d_fn(zxbcdt[..., :20].mT, weight[:20], bias[:20]).sum()
+    )
+    seed = torch.ones(())  # made here: .backward() would make it under grad mode
+    with _GradModeOps() as mode:
+        loss.backward(seed)
+    assert mode.ops == 0
 
 
 def test_what_megatron_core_never_passes_is_refused():
