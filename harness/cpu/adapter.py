@@ -28,7 +28,16 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
 4. ``torch.compile`` decorations made while Megatron Core imports are deferred to the first call
    (``harness.cpu.deferred_compile``, installed before MCore imports by the harness's entry points):
    the same compilation, without importing TorchDynamo and Inductor into every CPU rank.
-5. CUDA streams (``torch.cuda.Stream``, ``torch.cuda.current_stream``, ``torch.cuda.stream``): the
+5. Only where causal-conv1d / mamba-ssm are absent: Megatron Core's Mamba mixer
+   (``megatron.core.ssm.mamba_mixer``) leaves ``causal_conv1d_fn``, ``mamba_chunk_scan_combined`` and
+   ``mamba_split_conv1d_scan_combined`` ``None``, ``RMSNormGated`` and ``ExtendedRMSNorm`` a
+   ``MagicMock``, and ``HAVE_MAMBA_SSM`` False (its constructor then refuses). Those names are bound
+   to the CPU stand-ins of ``harness.cpu.mamba_kernels`` (each saves for backward exactly what the
+   GPU kernel's autograd function saves) and ``HAVE_MAMBA_SSM`` to True
+   (``bind_mamba_kernels()``). ``ExtendedRMSNorm`` is MCore's ``RMSNormGated`` plus a
+   distributed-checkpoint ``sharded_state_dict``, which nothing on CPU calls: it is bound to the
+   stand-in norm itself. A name the packages did bind is left alone.
+7. CUDA streams (``torch.cuda.Stream``, ``torch.cuda.current_stream``, ``torch.cuda.stream``): the
    alltoall token dispatcher copies its split sizes to the host on a side stream and waits on an
    event it records there (``MoEAlltoAllTokenDispatcher``: ``torch.cuda.Stream()`` in ``__init__``,
    ``record_event().synchronize()`` per step). On CPU they are torch's own CPU stream stubs
@@ -46,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import inspect
 import logging
 import os
@@ -57,6 +67,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
+from harness.cpu import mamba_kernels
 from harness.cpu.deferred_compile import upstream_compile
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -85,6 +96,14 @@ FP8_DISABLED_NAMES: tuple[str, ...] = (
     "activation_recompute_forward",
     "fp8_autocast",
 )
+# Part 5: the Mamba mixer's kernel names -> their CPU stand-ins, bound where MCore left them unbound.
+MAMBA_STAND_INS: dict[str, Any] = {
+    "causal_conv1d_fn": mamba_kernels.causal_conv1d_fn,
+    "mamba_chunk_scan_combined": mamba_kernels.mamba_chunk_scan_combined,
+    "mamba_split_conv1d_scan_combined": mamba_kernels.mamba_split_conv1d_scan_combined,
+    "RMSNormGated": mamba_kernels.RMSNormGated,
+    "ExtendedRMSNorm": mamba_kernels.RMSNormGated,
+}
 _FORK_WARNING = "CPU RNG state changed within GPU RNG context"
 
 _enabled = False
@@ -206,6 +225,31 @@ def bind_fp8_disabled_without_te() -> bool:
     return True
 
 
+def bind_mamba_kernels() -> list[str]:
+    """Part 5: bind the Mamba mixer's kernel names MCore left unbound to the CPU stand-ins (the names
+    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer)."""
+    try:
+        mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
+    except ImportError:
+        return []
+    bound = []
+    for name, stand_in in MAMBA_STAND_INS.items():
+        if not hasattr(mixer, name):
+            continue  # a revision whose mixer does not use this kernel
+        current = getattr(mixer, name)
+        # Unbound: None when the import failed, a MagicMock (not a type) for the norm classes.
+        if current is None or (
+            name in ("RMSNormGated", "ExtendedRMSNorm") and not isinstance(current, type)
+        ):
+            setattr(mixer, name, stand_in)
+            bound.append(name)
+    # False exactly when mamba-ssm failed to import, i.e. its names were unbound and are bound now.
+    if not getattr(mixer, "HAVE_MAMBA_SSM", True):
+        setattr(mixer, "HAVE_MAMBA_SSM", True)  # noqa: B010 - a module global mypy cannot see
+        bound.append("HAVE_MAMBA_SSM")
+    return bound
+
+
 def enable_cpu_adapter() -> bool:
     """Install the adapter once; returns True when it is active (False on a CUDA machine)."""
     global _enabled
@@ -223,6 +267,7 @@ def enable_cpu_adapter() -> bool:
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
     bind_fp8_disabled_without_te()
+    bind_mamba_kernels()
     _enabled = True
     return True
 

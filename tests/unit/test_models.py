@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -82,3 +83,77 @@ def test_nonsense_sizes_are_usage_errors(sizes, problem):
 def test_unknown_model_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown model 'llama-huge'"):
         style_model("llama-huge")
+
+
+def test_nemotron_h_is_megatron_cores_hybrid_model_of_its_pattern(cpu_group):
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.ssm import mamba_mixer
+    from megatron.core.ssm.mamba_layer import MambaLayer
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayer
+
+    from harness.cpu import mamba_kernels
+
+    model = build_model("nemotron-h-tiny", RecomputeFields.selective())
+    assert isinstance(model.module, HybridModel)
+    layers = model.module.decoder.layers
+    assert style_model("nemotron-h-tiny").hybrid_pattern == "M*EME"
+    assert [type(layer) for layer in layers] == [
+        MambaLayer,
+        TransformerLayer,
+        MoETransformerLayer,
+        MambaLayer,
+        MoETransformerLayer,
+    ]
+    assert all(isinstance(layers[i].mlp, MoELayer) and layers[i].mlp.shared_experts for i in (2, 4))
+    # The mixer is MCore's, calling the CPU stand-ins the adapter bound where mamba-ssm is absent.
+    assert isinstance(layers[0].mixer, mamba_mixer.MambaMixer)
+    assert mamba_mixer.mamba_split_conv1d_scan_combined is (
+        mamba_kernels.mamba_split_conv1d_scan_combined
+    )
+    assert isinstance(layers[0].mixer.norm, mamba_kernels.RMSNormGated)
+
+
+def test_nemotron_h_full_recompute_checkpoints_the_mamba_layers_bit_for_bit(cpu_group):
+    from harness.probe.measure import measure, retained_by_forward
+
+    control = build_model("nemotron-h-tiny", RecomputeFields.selective())
+    full = build_model(
+        "nemotron-h-tiny", RecomputeFields(granularity="full", method="uniform", num_layers=1)
+    )
+    full.module.load_state_dict(control.module.state_dict())
+    retained = {}
+    for name, model in (("control", control), ("full", full)):
+        model.module.train()
+        loss = partial(model.loss, model.batch())
+        _, _, retained[name] = retained_by_forward(model.module, loss)
+    # Without recompute the mixer keeps what mamba-ssm's MambaSplitConv1dScanCombinedFn keeps:
+    # zxbcdt [b, l, 2·128 + 2·2·16 + 8] and out_x [b, l, 8, 16] (fp32), plus A = -exp(A_log) and
+    # exp's own result (8 heads each).
+    tokens = control.micro_batch_size * control.seq_length
+    assert retained["control"]["decoder.layers.0.mixer"] == tokens * (328 + 128) * 4 + 2 * 8 * 4
+    # Full recompute keeps only the checkpointed inputs, held by the stack: no layer keeps anything.
+    assert not [key for key in retained["full"] if key.startswith("decoder.layers.")]
+    assert retained["full"]["decoder"] > 0
+    a, b = measure(control, instrument=False), measure(full, instrument=False)
+    assert torch.equal(a.loss, b.loss)
+    assert all(torch.equal(a.grads[name], b.grads[name]) for name in a.grads)
+
+
+def test_nemotron_h_mixer_paths_agree(cpu_group):
+    # The training path (mamba_split_conv1d_scan_combined) and the one MCore keeps for
+    # use_mamba_mem_eff_path=False (causal_conv1d_fn, mamba_chunk_scan_combined, the gated norm)
+    # run different stand-ins through MCore's own mixer: the same loss and gradients.
+    fused = build_model("nemotron-h-tiny", RecomputeFields.selective())
+    split = build_model(
+        "nemotron-h-tiny", RecomputeFields.selective(), use_mamba_mem_eff_path=False
+    )
+    split.module.load_state_dict(fused.module.state_dict())
+    losses = []
+    for model in (fused, split):
+        model.module.train()
+        losses.append(model.loss(model.batch()))
+        losses[-1].backward()
+    assert torch.allclose(losses[0], losses[1], rtol=1e-6)
+    for a, b in zip(fused.module.parameters(), split.module.parameters(), strict=True):
+        assert torch.allclose(a.grad, b.grad, rtol=1e-5, atol=1e-7)
