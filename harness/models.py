@@ -1,7 +1,8 @@
 """Tiny "style" models built from Megatron Core's own specs: shaped like the real ones, small enough for CPU.
 
 Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test.
-Components of ours are core attentions only. ``KVChannelsDotProductAttention``: MCore's MLA builds
+Components of ours are core attentions only (the Gated DeltaNet layers of ``gdn-tiny`` are MCore's,
+their fla kernels bound to CPU stand-ins by the CPU adapter, part 5). ``KVChannelsDotProductAttention``: MCore's MLA builds
 its core attention with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not
 accept; ours accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs
 unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
@@ -12,8 +13,10 @@ unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_ba
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from megatron.core.activations import squared_relu
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.attention import ATTENTION_BACKENDS, fused_core_attention
+from harness.cpu.deferred_compile import eager_form
 from harness.errors import UsageError
 
 
@@ -111,6 +115,28 @@ STYLE_MODELS: dict[str, StyleModel] = {
             ),
             config_kwargs={**_COMMON, **_DENSE, "num_layers": 2, "enable_mhc_connections": True},
             hyper_connections=True,
+        ),
+        StyleModel(
+            name="gdn-tiny",
+            description=(
+                "Qwen3-Next style: Gated DeltaNet linear attention mixed with standard attention "
+                "(experimental_attention_variant gated_delta_net, linear_attention_freq 2: GDN "
+                "then attention), dense SwiGLU MLP, RMSNorm, 2 layers; the GDN layer from MCore's "
+                "own module spec, its fla kernels CPU stand-ins"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_DENSE,
+                "num_layers": 2,
+                "experimental_attention_variant": "gated_delta_net",
+                "linear_attention_freq": 2,
+                "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                # Fewer key than value heads: MCore repeats q and k per value head, as in Qwen3-Next.
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+            },
         ),
         StyleModel(
             name="moonlight-tiny",
@@ -231,6 +257,60 @@ def _use_hyper_connections(block_spec: Any) -> None:
         spec.module = layer
         spec.submodules.self_attention_hyper_connection = connection
         spec.submodules.mlp_hyper_connection = connection
+
+
+def _decoder_block_spec(config: Any) -> Any:
+    """MCore's local decoder block spec for ``config``; with a linear-attention variant, MCore's own
+    Gated DeltaNet spec in the layers ``linear_attention_freq`` gives it.
+
+    MCore builds that mix only from Transformer Engine specs: its local spec refuses a config with an
+    attention variant, so the local layers are built from the config without it (a copy: the
+    validated config itself is untouched) and the GDN layers from ``get_gated_delta_net_module_spec``
+    with the local back end. That back end has no fused norm + linear, so the GDN input projection is
+    its plain column-parallel linear and the layer keeps its own input norm (as TE's fused one would
+    compute it).
+    """
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    variant = config.experimental_attention_variant
+    plain = copy.copy(config)
+    plain.experimental_attention_variant = None
+    block_spec = get_gpt_decoder_block_spec(
+        plain, use_transformer_engine=False, normalization=config.normalization
+    )
+    if variant is None:
+        return block_spec
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_gated_delta_net_module_spec,
+        get_linear_attention_pattern,
+    )
+
+    local = LocalSpecProvider()
+    gdn = get_gated_delta_net_module_spec(config, backend=local)
+    gdn.submodules.in_proj = local.column_parallel_linear()
+    pattern = get_linear_attention_pattern(config)
+    # The local spec shares one layer spec between layers: each GDN layer gets a copy of its own.
+    for index, (layer_spec, linear) in enumerate(zip(block_spec.layer_specs, pattern, strict=True)):
+        if linear:
+            block_spec.layer_specs[index] = layer_spec = copy.deepcopy(layer_spec)
+            layer_spec.submodules.self_attention = gdn
+    return block_spec
+
+
+def _run_linear_attention_helpers_eagerly(module: torch.nn.Module) -> None:
+    """On CPU, the ``torch.compile``d (``jit_fuser``) methods of MCore's SSM-family layers (the Gated
+    DeltaNet's gated norm, kernel-input preparation, decay and beta) run eagerly on each layer: the
+    same functions, without Inductor's C++ builds (seconds per helper, dtype and grad mode), as
+    nemotron-tiny's squared ReLU. Autograd then keeps what eager PyTorch keeps in those helpers."""
+    for layer in module.modules():
+        if not type(layer).__module__.startswith("megatron.core.ssm."):
+            continue
+        for cls in type(layer).__mro__:
+            for name, attribute in vars(cls).items():
+                eager = eager_form(attribute)
+                if eager is not None and name not in vars(layer):
+                    setattr(layer, name, types.MethodType(eager, layer))
 
 
 def kv_channels_dot_product_attention() -> type:
@@ -393,11 +473,14 @@ def core_attention_class(backend: str, mla: bool) -> type | None:
 
 
 def set_core_attention(block_spec: Any, backend: str, mla: bool) -> None:
-    """Put ``backend``'s core attention into every layer spec of ``block_spec``."""
+    """Put ``backend``'s core attention into every layer spec of ``block_spec`` that has one (a Gated
+    DeltaNet layer has none: its attention is the delta rule)."""
     attention_class = core_attention_class(backend, mla)
     if attention_class is not None:
         for layer_spec in block_spec.layer_specs:
-            layer_spec.submodules.self_attention.submodules.core_attention = attention_class
+            submodules = layer_spec.submodules.self_attention.submodules
+            if hasattr(submodules, "core_attention"):
+                submodules.core_attention = attention_class
 
 
 def build_model(
@@ -424,10 +507,7 @@ def build_model(
     (AssertionError / ValueError) for recompute fields it rejects.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_decoder_block_spec,
-        get_gpt_mtp_block_spec,
-    )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 
     style = buildable_model(name)
     seq_length = style.seq_length if seq_length is None else seq_length
@@ -447,9 +527,7 @@ def build_model(
         **config_overrides,
     )
     _fit_moe_metrics_tracker(config.num_layers)
-    block_spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=False, normalization=config.normalization
-    )
+    block_spec = _decoder_block_spec(config)
     set_core_attention(block_spec, attention_backend, style.mla)
     if style.hyper_connections:
         _use_hyper_connections(block_spec)
@@ -467,5 +545,6 @@ def build_model(
         position_embedding_type="rope",
         **mtp,
     )
+    _run_linear_attention_helpers_eagerly(module)
     module.to(device)
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))

@@ -29,6 +29,14 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    (``harness.cpu.deferred_compile``, installed before MCore imports by the harness's entry points):
    the same compilation, without importing TorchDynamo and Inductor into every CPU rank.
 
+5. Only where flash-linear-attention (fla) is absent: Megatron Core's Gated DeltaNet imports fla's
+   ``causal_conv1d``, ``l2norm`` and ``chunk_gated_delta_rule`` (Triton kernels), binds them to
+   ``None`` without fla, and refuses to build the layer (``HAVE_FLA``). In each GDN module that holds
+   them (``LINEAR_ATTENTION_MODULES``), a name left ``None`` is bound to its CPU stand-in
+   (``harness.cpu.linear_attention``: autograd keeps what fla's kernels keep, as the fused core
+   attention keeps what flash attention keeps) and ``HAVE_FLA`` then says True. They are kernels:
+   the layer's own code, its output-discard checkpoint (``gdn_norm_out``) included, runs unmodified.
+
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
 ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
@@ -39,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib
 import inspect
 import logging
 import os
@@ -50,6 +59,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
+from harness.cpu import linear_attention
 from harness.cpu.deferred_compile import upstream_compile
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -76,6 +86,19 @@ FP8_DISABLED_NAMES: tuple[str, ...] = (
     "fp8_autocast",
 )
 _FORK_WARNING = "CPU RNG state changed within GPU RNG context"
+# Part 5: the Gated DeltaNet modules that import fla's kernels by name (0.18.2: one module; 0.19 and
+# later: a package re-exporting them from ``common``, which ``gdn`` imports them from). Absent ones
+# are skipped.
+LINEAR_ATTENTION_MODULES: tuple[str, ...] = (
+    "megatron.core.ssm.gated_delta_net",
+    "megatron.core.ssm.gated_delta_net.common",
+    "megatron.core.ssm.gated_delta_net.gdn",
+)
+LINEAR_ATTENTION_KERNELS: dict[str, Any] = {
+    "causal_conv1d": linear_attention.causal_conv1d,
+    "l2norm": linear_attention.l2norm,
+    "chunk_gated_delta_rule": linear_attention.chunk_gated_delta_rule,
+}
 
 _enabled = False
 # Upstream objects as imported, before any patching (drift is measured on these).
@@ -183,6 +206,27 @@ def bind_fp8_disabled_without_te() -> bool:
     return True
 
 
+def bind_linear_attention_without_fla() -> list[str]:
+    """Part 5: bind fla's kernel names that Megatron Core left ``None`` to the CPU stand-ins; returns
+    the ``module.name`` entries bound (none where fla is installed)."""
+    bound = []
+    for module_name in LINEAR_ATTENTION_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a revision without this module
+            continue
+        for name, kernel in LINEAR_ATTENTION_KERNELS.items():
+            if hasattr(module, name) and getattr(module, name) is None:
+                setattr(module, name, kernel)
+                bound.append(f"{module_name}.{name}")
+        if getattr(module, "HAVE_FLA", True) is False and all(
+            getattr(module, name, kernel) is not None
+            for name, kernel in LINEAR_ATTENTION_KERNELS.items()
+        ):
+            vars(module)["HAVE_FLA"] = True
+    return bound
+
+
 def enable_cpu_adapter() -> bool:
     """Install the adapter once; returns True when it is active (False on a CUDA machine)."""
     global _enabled
@@ -197,6 +241,7 @@ def enable_cpu_adapter() -> bool:
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
     bind_fp8_disabled_without_te()
+    bind_linear_attention_without_fla()
     _enabled = True
     return True
 

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._pytree import tree_map_only
 
 from harness.cpu.adapter import reseed
 from harness.models import TinyModel
@@ -44,6 +46,30 @@ _NOT_THE_STEPS = (PARAMETER, BUFFER, OTHER)
 _PEAK_FORWARD, _PEAK_BACKWARD = "Peak-Forward", "Peak-Backward"
 _MODULE_DEPTH = 4  # decoder.layers.<i>.<child>: per layer and per layer part
 _CPU = torch.device("cpu")
+
+
+def _without_no_grad_views(arg: torch.Tensor) -> torch.Tensor:
+    # A view made in no-grad mode of a tensor that requires grad says requires_grad but has no
+    # gradient edge: torch's ModTracker asserts on it ("Expected gradient function to be set"). No
+    # gradient can reach it, so a backward hook on it could never fire; detached, the tracker sees
+    # the same storage and hooks the module's other inputs.
+    if arg.requires_grad and arg.grad_fn is None and arg._is_view():
+        return arg.detach()
+    return arg
+
+
+class _ModTracker(ModTracker):
+    """torch's module tracker, told of a module's inputs without no-grad views: MCore's Gated DeltaNet
+    reshapes inside its output-discard checkpoint's forward (no-grad) before calling its norm."""
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: object) -> None:
+        super()._fw_pre_hook(mod, tree_map_only(torch.Tensor, _without_no_grad_views, input))
+
+
+class _MemTracker(MemTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _ModTracker()
 
 
 @dataclass(frozen=True)
@@ -130,7 +156,7 @@ def measure_step_peaks(model: TinyModel, *, seed: int = 1234) -> StepPeaks:
     weights = [parameter.detach().clone() for parameter in module.parameters()]
     batch = model.batch()
     optimizer = torch.optim.Adam(module.parameters())
-    tracker = MemTracker()
+    tracker = _MemTracker()
     tracker.track_external(module, *batch.values())
     reseed(seed)
     # ModTracker warns "Module is None. Skipping PRE_BW hook" for each backward hook whose module
@@ -148,7 +174,7 @@ def measure_step_peaks(model: TinyModel, *, seed: int = 1234) -> StepPeaks:
     still_alive = PhasePeak(
         after_backward.get(ACTIVATION, 0), after_backward.get(TEMPORARY, 0), 0, 0
     )
-    step = MemTracker()
+    step = _MemTracker()
     step.track_external(module, optimizer)
     with step:
         optimizer.step()
