@@ -38,7 +38,17 @@ OUTSIDE_THE_PROBE = {
         "in-flight micro-batches need a pipeline schedule under torchrun (open, issue 23)"
     ),
 }
-LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "hyper-connections", "Mamba", "MTP")
+LAYER_KINDS = (
+    "attention",
+    "MLA",
+    "Gated DeltaNet",
+    "GatedDeltaProduct",
+    "dense MLP",
+    "MoE",
+    "hyper-connections",
+    "Mamba",
+    "MTP",
+)
 SKIP_FINAL_FIELD = "skip_final_recompute"  # Megatron-LM #4921: opt-in, not in every revision
 
 
@@ -94,6 +104,10 @@ def _layer_kinds(model: str) -> set[str]:
         type(m).__name__ == "MLP" and name.endswith(".mlp") for name, m in module.named_modules()
     ):
         kinds.add("dense MLP")
+    if "GatedDeltaNet" in names:
+        kinds.add("Gated DeltaNet")
+    if "GatedDeltaProduct" in names:
+        kinds.add("GatedDeltaProduct")
     if "MoELayer" in names:
         kinds.add("MoE")
     if "HyperConnectionModule" in names:

@@ -82,3 +82,17 @@ def test_nonsense_sizes_are_usage_errors(sizes, problem):
 def test_unknown_model_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown model 'llama-huge'"):
         style_model("llama-huge")
+
+
+def test_gdn_shape(cpu_group):
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet
+    from megatron.core.transformer.attention import SelfAttention
+
+    model = build_model("gdn-tiny", RecomputeFields.selective())
+    first, second = model.module.decoder.layers
+    # linear_attention_freq 2: Gated DeltaNet, then standard attention (each spec its own).
+    assert isinstance(first.self_attention, GatedDeltaNet)
+    assert isinstance(second.self_attention, SelfAttention)
+    # The local back end has no fused norm + linear: the GDN layer keeps its own input norm.
+    assert type(first.input_layernorm) is type(second.input_layernorm)
+    assert first.self_attention.num_value_heads == 2 * first.self_attention.num_key_heads
