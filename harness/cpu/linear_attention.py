@@ -5,20 +5,23 @@ convolution over q/k/v, SiLU fused), ``l2norm`` (q and k per head) and ``chunk_g
 (the delta-rule recurrence, chunked). Without fla MCore binds them to ``None`` and refuses to build the
 layer. Each stand-in here is a ``torch.autograd.Function`` whose autograd keeps exactly what fla's
 autograd function keeps for backward (fla-core 0.6.0: the same tensors, shapes and dtypes; the very
-input storages where fla saves its inputs) and recomputes the rest in backward, the discipline of
-``harness.cpu.attention``'s fused back end. What each keeps:
+input storages where fla saves its inputs). Backward recomputes what it needs from those alone, as
+fla's backward kernels do, and derives the gradients by hand with grad mode off, as a kernel does
+(the probe counts ops run with grad mode on in backward as replay, which is what Megatron Core's
+checkpoints do, not its kernels; ``harness.cpu.attention``'s fused back end keeps the same
+discipline). What each keeps:
 
 - ``causal_conv1d`` (fla's ``CausalConv1dFunction``, the default ``triton`` back end): the input ``x``
   as given (not made contiguous: MCore passes a slice of the input projection's output, so the whole
-  projection stays alive), the weight and the bias (None in MCore's GDN). The convolution and its
-  activation are recomputed in backward.
+  projection stays alive), the weight and the bias (None in MCore's GDN). The convolution is
+  recomputed in backward for the activation's derivative.
 - ``l2norm`` (fla's ``L2NormFunction``): the output ``y`` and ``rstd`` (fp32, one per row).
 - ``chunk_gated_delta_rule`` (fla's ``ChunkGatedDeltaRuleFunction``, without the in-kernel l2norm,
   sigmoid or gate, as MCore calls it): q, k, v and beta as given, the chunk-local cumulative sum of
   the gate (fp32, ``[B, T, H]``) and ``A`` (``[B, T, H, 64]`` in k's dtype: per chunk of 64 tokens,
   the inverse of ``I + tril(beta_i k_i.k_j exp(G_i - G_j), -1)``, rows per token). Backward rebuilds
-  the rest (the WY factors, the per-chunk states, the output) from those, using the saved ``A``
-  rather than solving again, as fla's backward does.
+  the WY factors and the per-chunk states from those, with the saved ``A`` (no second triangular
+  solve, as in fla), then runs the chunks in reverse.
 
 Math in fp32, outputs in the input dtype, as the Triton kernels compute. Only what MCore's GDN uses is
 implemented (no packed sequences, initial or final states, context parallelism): anything else is
@@ -28,6 +31,7 @@ is absent (part 5 of the adapter).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,20 +84,25 @@ class _CausalConv1d(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         x, weight, bias = ctx.saved_tensors
-        leaves = [
-            t.detach().requires_grad_(needs)
-            for t, needs in zip((x, weight), ctx.needs_input_grad[:2], strict=True)
-        ]
-        bias_leaf = None if bias is None else bias.detach().requires_grad_(ctx.needs_input_grad[2])
-        with torch.enable_grad():
-            y = _conv(leaves[0], leaves[1], bias_leaf, ctx.activation)
-            wanted = [t for t in (*leaves, bias_leaf) if t is not None and t.requires_grad]
-            grads = iter(torch.autograd.grad(y, wanted, _fp32(grad)))
-        out = [
-            next(grads).to(t.dtype) if t is not None and t.requires_grad else None
-            for t in (*leaves, bias_leaf)
-        ]
-        return out[0], out[1], out[2], None
+        width, channels = weight.shape[-1], weight.shape[0]
+        xt, kernel = _fp32(x).transpose(1, 2), _fp32(weight).unsqueeze(1)
+        # The convolution again (as fla's backward kernel recomputes it), then SiLU's derivative.
+        grad_pre = _fp32(grad).transpose(1, 2)
+        if ctx.activation in ("silu", "swish"):
+            pre = _conv(x, weight, bias, None).transpose(1, 2)
+            gate = torch.sigmoid(pre)
+            grad_pre = grad_pre * gate * (1 + pre * (1 - gate))
+        # The causal output is the first `length` of the padded convolution's; its tail had no
+        # gradient.
+        full = F.pad(grad_pre, (0, width - 1))
+        dx = torch.nn.grad.conv1d_input(
+            xt.shape, kernel, full, padding=width - 1, groups=channels
+        ).transpose(1, 2)
+        dw = torch.nn.grad.conv1d_weight(
+            xt, kernel.shape, full, padding=width - 1, groups=channels
+        ).squeeze(1)
+        db = None if bias is None else grad_pre.sum((0, 2)).to(bias.dtype)
+        return dx.to(x.dtype), dw.to(weight.dtype), db, None
 
 
 def causal_conv1d(
@@ -201,33 +210,141 @@ def _strict_lower(k: torch.Tensor, gates: torch.Tensor, beta: torch.Tensor) -> t
     return beta.unsqueeze(-1) * (k @ k.transpose(-1, -2)) * _decay(gates, _causal(False, k.device))
 
 
-def _delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    gates: torch.Tensor,
-    beta: torch.Tensor,
-    inverse: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """The chunked gated delta rule on [B, H, N, C, ...] fp32 chunks, ``inverse`` being A per chunk.
+@dataclass
+class _Chunked:
+    """The chunked gated delta rule's forward quantities (fp32, ``[B, H, N, C, ...]``)."""
 
-    Within a chunk the WY factors w = A (beta exp(G) k) and u = A (beta v) turn the recurrence into
-    matrix products; across chunks the state S [K, V] carries over (decayed by the chunk's last G).
-    """
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    gates: torch.Tensor  # chunk-local cumulative log decay G
+    beta: torch.Tensor
+    inverse: torch.Tensor  # A = (I + L)^-1 per chunk
+    w: torch.Tensor  # WY factors: w = A (beta exp(G) k), u = A (beta v)
+    u: torch.Tensor
+    scores: torch.Tensor  # (q k^T) * exp(G_i - G_j), j <= i
+    states: list[torch.Tensor]  # the state S [K, V] entering each chunk
+    v_new: list[torch.Tensor]  # u - w S per chunk
+    output: torch.Tensor  # unscaled
+
+
+def _chunked(q, k, v, gates, beta, inverse) -> _Chunked:
+    """Within a chunk the WY factors turn the recurrence S_t = exp(g_t)(I - beta_t k_t k_t^T)
+    S_{t-1} + beta_t k_t v_t^T, o_t = S_t^T q_t into matrix products; across chunks the state carries
+    over, decayed by the chunk's last G."""
     w = inverse @ (k * (beta * gates.exp()).unsqueeze(-1))
     u = inverse @ (v * beta.unsqueeze(-1))
     scores = (q @ k.transpose(-1, -2)) * _decay(gates, _causal(True, q.device))
     state = q.new_zeros(q.shape[0], q.shape[1], k.shape[-1], v.shape[-1])
-    outputs = []
+    states, news, outputs = [], [], []
     for n in range(q.shape[2]):
         g_n = gates[:, :, n]
         v_new = u[:, :, n] - w[:, :, n] @ state
+        states.append(state)
+        news.append(v_new)
         outputs.append((q[:, :, n] * g_n.exp().unsqueeze(-1)) @ state + scores[:, :, n] @ v_new)
         last = g_n[..., -1:]
         carried = k[:, :, n] * (last - g_n).exp().unsqueeze(-1)
         state = state * last.exp().unsqueeze(-1) + carried.transpose(-1, -2) @ v_new
-    return torch.stack(outputs, dim=2) * scale
+    output = torch.stack(outputs, dim=2)
+    return _Chunked(q, k, v, gates, beta, inverse, w, u, scores, states, news, output)
+
+
+def _both_ends(d_log: torch.Tensor) -> torch.Tensor:
+    """d/dG of a term f(G_i - G_j) from its log-derivative matrix: +row sums, -column sums."""
+    return d_log.sum(-1) - d_log.sum(-2)
+
+
+def _delta_rule_grads(c: _Chunked, d_out: torch.Tensor) -> list[torch.Tensor]:
+    """dq, dk, dv, dG, dbeta of ``sum(d_out * output)``, derived by hand (grad mode off)."""
+    t = lambda x: x.transpose(-1, -2)
+    exp_g = c.gates.exp()
+    dq, dk, dv = torch.zeros_like(c.q), torch.zeros_like(c.k), torch.zeros_like(c.v)
+    d_gates, d_beta = torch.zeros_like(c.gates), torch.zeros_like(c.beta)
+    dw, du, d_scores = torch.zeros_like(c.w), torch.zeros_like(c.u), torch.zeros_like(c.scores)
+    d_state = torch.zeros_like(c.states[0])  # of the state leaving the chunk
+    # Across chunks, last to first.
+    for n in reversed(range(c.q.shape[2])):
+        state, v_new, g_n, do = c.states[n], c.v_new[n], c.gates[:, :, n], d_out[:, :, n]
+        last = g_n[..., -1:]
+        to_end = (last - g_n).exp().unsqueeze(-1)
+        q_decayed = c.q[:, :, n] * exp_g[:, :, n].unsqueeze(-1)
+        # state' = exp(last) state + (k exp(last - G))^T v_new
+        d_carried = v_new @ t(d_state)
+        carried_log = (d_carried * c.k[:, :, n] * to_end).sum(-1)
+        dk[:, :, n] += d_carried * to_end
+        d_gates[:, :, n] -= carried_log
+        d_gates[:, :, n, -1] += carried_log.sum(-1) + last.squeeze(-1).exp() * (
+            state * d_state
+        ).sum((-1, -2))
+        d_v_new = c.k[:, :, n] * to_end @ d_state
+        # output = (q exp(G)) state + scores v_new
+        d_scores[:, :, n] = do @ t(v_new)
+        d_v_new = d_v_new + t(c.scores[:, :, n]) @ do
+        d_q_decayed = do @ t(state)
+        dq[:, :, n] += d_q_decayed * exp_g[:, :, n].unsqueeze(-1)
+        d_gates[:, :, n] += (d_q_decayed * q_decayed).sum(-1)
+        # v_new = u - w state
+        du[:, :, n] = d_v_new
+        dw[:, :, n] = -d_v_new @ t(state)
+        d_state = t(q_decayed) @ do + last.exp().unsqueeze(-1) * d_state - t(c.w[:, :, n]) @ d_v_new
+    # Within chunks, all at once. scores = (q k^T) * exp(G_i - G_j):
+    decay = _decay(c.gates, _causal(True, c.q.device))
+    d_qk = d_scores * decay
+    dq += d_qk @ c.k
+    dk += t(d_qk) @ c.q
+    d_gates += _both_ends(d_scores * c.scores)
+    # w = A (beta exp(G) k), u = A (beta v):
+    d_inverse = dw @ t(c.k * (c.beta * exp_g).unsqueeze(-1)) + du @ t(c.v * c.beta.unsqueeze(-1))
+    d_kg, d_vb = t(c.inverse) @ dw, t(c.inverse) @ du
+    dk += d_kg * (c.beta * exp_g).unsqueeze(-1)
+    kg_log = (d_kg * c.k).sum(-1) * exp_g
+    d_beta += kg_log + (d_vb * c.v).sum(-1)
+    d_gates += kg_log * c.beta
+    dv += d_vb * c.beta.unsqueeze(-1)
+    # A = (I + L)^-1, L = tril(beta_i k_i.k_j exp(G_i - G_j), -1): dL = -A^T dA A^T below the
+    # diagonal.
+    strict = _causal(False, c.q.device)
+    d_lower = -(t(c.inverse) @ d_inverse @ t(c.inverse)) * strict
+    gram, decay_strict = c.k @ t(c.k), _decay(c.gates, strict)
+    d_beta += (d_lower * gram * decay_strict).sum(-1)
+    d_gram = d_lower * c.beta.unsqueeze(-1) * decay_strict
+    dk += (d_gram + t(d_gram)) @ c.k
+    d_gates += _both_ends(d_lower * c.beta.unsqueeze(-1) * gram * decay_strict)
+    return [dq, dk, dv, d_gates, d_beta]
+
+
+def _rule_forward(q, k, v, gates, beta, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The output (fp32, ``[B, T, H, V]``) and A as fla keeps it (k's dtype, one row of 64 per token)
+    of the rule over ``[B, T, H, ...]`` inputs, ``gates`` the chunk-local cumulative log decay."""
+    length = k.shape[1]
+    padded = -(-length // CHUNK) * CHUNK
+    kc, gc, bc = _chunks(k, padded), _chunks(gates, padded, edge=True), _chunks(beta, padded)
+    eye = torch.eye(CHUNK, device=k.device)
+    inverse = torch.linalg.solve_triangular(
+        eye + _strict_lower(kc, gc, bc), eye, upper=False, unitriangular=True
+    )
+    chunked = _chunked(_chunks(q, padded), kc, _chunks(v, padded), gc, bc, inverse)
+    return _unchunk(chunked.output * scale, length), _unchunk(inverse, length).to(k.dtype)
+
+
+def _rule_backward(q, k, v, gates, beta, saved_inverse, scale: float, grad) -> list[torch.Tensor]:
+    """dq, dk, dv, dG (of the cumulative gates), dbeta, fp32, from what the forward kept."""
+    length = k.shape[1]
+    padded = -(-length // CHUNK) * CHUNK
+    # The WY factors and per-chunk states again from what was kept (fla's backward recomputes them
+    # too), with the saved A: padded tokens' rows of it are zero, and reach no real token's output
+    # (causality), whose gradients alone are propagated.
+    chunked = _chunked(
+        _chunks(q, padded),
+        _chunks(k, padded),
+        _chunks(v, padded),
+        _chunks(gates, padded, edge=True),
+        _chunks(beta, padded),
+        _chunks(saved_inverse, padded),
+    )
+    grads = _delta_rule_grads(chunked, _chunks(grad, padded) * scale)
+    return [_unchunk(t, length) for t in grads]
 
 
 class _ChunkGatedDeltaRule(torch.autograd.Function):
@@ -241,44 +358,80 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         beta: torch.Tensor,
         scale: float,
     ) -> torch.Tensor:
-        length = q.shape[1]
-        padded = -(-length // CHUNK) * CHUNK
         gates = chunk_local_cumsum(g)
-        kc, gc, bc = _chunks(k, padded), _chunks(gates, padded, edge=True), _chunks(beta, padded)
-        eye = torch.eye(CHUNK, device=q.device)
-        inverse = torch.linalg.solve_triangular(
-            eye + _strict_lower(kc, gc, bc), eye, upper=False, unitriangular=True
-        )
-        out = _delta_rule(_chunks(q, padded), kc, _chunks(v, padded), gc, bc, inverse, scale)
-        # fla keeps A in k's dtype, one row of 64 per token.
-        saved_inverse = _unchunk(inverse, length).to(k.dtype)
+        out, saved_inverse = _rule_forward(q, k, v, gates, beta, scale)
         ctx.save_for_backward(q, k, v, gates, beta, saved_inverse)
         ctx.scale = scale
-        return _unchunk(out, length).to(q.dtype)
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor):
         q, k, v, gates, beta, saved_inverse = ctx.saved_tensors
-        length = q.shape[1]
-        padded = -(-length // CHUNK) * CHUNK
-        leaves = [
-            _chunks(t, padded, edge=t is gates).detach().requires_grad_()
-            for t in (q, k, v, gates, beta)
-        ]
-        # Padded tokens' rows of A are zero: they reach no real token's output (causality), whose
-        # gradients alone are propagated.
-        fixed = _chunks(saved_inverse, padded)
-        with torch.enable_grad():
-            qc, kc, vc, gc, bc = leaves
-            eye = torch.eye(CHUNK, device=q.device)
-            # One Newton step around the saved inverse: its value is A, its derivative -A dM A is
-            # the inverse's, so the triangular solve is not redone (fla's backward reads A too).
-            inverse = 2 * fixed - fixed @ (eye + _strict_lower(kc, gc, bc)) @ fixed
-            out = _delta_rule(qc, kc, vc, gc, bc, inverse, ctx.scale)
-            grads = torch.autograd.grad(out, leaves, _chunks(grad, padded))
-        dq, dk, dv, d_gates, dbeta = (_unchunk(t, length) for t in grads)
+        dq, dk, dv, d_gates, dbeta = _rule_backward(
+            q, k, v, gates, beta, saved_inverse, ctx.scale, grad
+        )
         dg = chunk_local_cumsum(d_gates, reverse=True)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dg, dbeta.to(beta.dtype), None
+
+
+def _interleave_last(t: torch.Tensor, steps: int) -> torch.Tensor:
+    """[B, T, H, ...] -> [B, T * steps, H, ...]: each token's values at its last step, zeros before."""
+    spread = t.new_zeros(t.shape[0], t.shape[1], steps, *t.shape[2:])
+    spread[:, :, -1] = t
+    return spread.flatten(1, 2)
+
+
+class _ChunkGatedDeltaProduct(torch.autograd.Function):
+    """The gated delta rule over ``steps`` Householder steps per token (GatedDeltaProduct): k, v
+    and beta come interleaved (``[B, T * steps, ...]``), the token's decay applies at its first
+    step, and q reads the state after its last."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        scale: float,
+        steps: int,
+    ) -> torch.Tensor:
+        g_steps = g.new_zeros(g.shape[0], g.shape[1], steps, g.shape[2], dtype=torch.float32)
+        g_steps[:, :, 0] = g
+        gates = chunk_local_cumsum(g_steps.flatten(1, 2))
+        out, saved_inverse = _rule_forward(_interleave_last(q, steps), k, v, gates, beta, scale)
+        # fla's ChunkGatedDeltaProductFunction keeps q (one per token), k, v, the interleaved
+        # cumulative gate, beta and A.
+        ctx.save_for_backward(q, k, v, gates, beta, saved_inverse)
+        ctx.scale, ctx.steps = scale, steps
+        return out.unflatten(1, (q.shape[1], steps))[:, :, -1].to(q.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor):
+        q, k, v, gates, beta, saved_inverse = ctx.saved_tensors
+        steps = ctx.steps
+        dq, dk, dv, d_gates, dbeta = _rule_backward(
+            _interleave_last(q, steps),
+            k,
+            v,
+            gates,
+            beta,
+            saved_inverse,
+            ctx.scale,
+            _interleave_last(grad, steps),
+        )
+        dq = dq.unflatten(1, (q.shape[1], steps))[:, :, -1]
+        dg = chunk_local_cumsum(d_gates, reverse=True).unflatten(1, (q.shape[1], steps))[:, :, 0]
+        return (
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            dg.contiguous(),
+            dbeta.to(beta.dtype),
+            None,
+            None,
+        )
 
 
 def chunk_gated_delta_rule(
@@ -310,3 +463,42 @@ def chunk_gated_delta_rule(
         )
     scale = k.shape[-1] ** -0.5 if scale is None else scale
     return _ChunkGatedDeltaRule.apply(q, k, v, g, beta, scale), None
+
+
+def chunk_gated_delta_product(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    num_householder: int,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+    **unsupported: Any,
+) -> tuple[torch.Tensor, None]:
+    """fla's ``chunk_gated_delta_product`` (q ``[B, T, H, K]``, k ``[B, T*n, H, K]``, v
+    ``[B, T*n, H, V]``, g ``[B, T, H]``, beta ``[B, T*n, H]``, n = ``num_householder``): ``(o,
+    None)``, o ``[B, T, H, V]``."""
+    for what, value in (
+        ("an initial state", initial_state),
+        ("a final state", output_final_state),
+        ("the in-kernel l2norm", use_qk_l2norm_in_kernel),
+        ("packed sequences (cu_seqlens)", cu_seqlens),
+        *unsupported.items(),
+    ):
+        _refuse(what, value)
+    steps = num_householder
+    if k.shape[1] != q.shape[1] * steps or q.shape[2] != v.shape[2] or k.shape[2] != v.shape[2]:
+        raise NotImplementedError(
+            "the CPU gated delta product takes k, v, beta with num_householder steps per token and "
+            "as many q/k heads as v heads (MCore repeats them)"
+        )
+    scale = k.shape[-1] ** -0.5 if scale is None else scale
+    return _ChunkGatedDeltaProduct.apply(q, k, v, g, beta, scale, steps), None
+
+
+# fla's own second name for ``l2norm`` (GatedDeltaProduct imports this one).
+l2_norm = l2norm
