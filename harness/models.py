@@ -2,7 +2,7 @@
 
 Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test.
 Components of ours are core attentions only (the Gated DeltaNet layers of ``gdn-tiny`` are MCore's,
-their fla kernels bound to CPU stand-ins by the CPU adapter, part 5). ``KVChannelsDotProductAttention``: MCore's MLA builds
+their fla kernels bound to CPU stand-ins by the CPU adapter, part 6). ``KVChannelsDotProductAttention``: MCore's MLA builds
 its core attention with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not
 accept; ours accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs
 unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
@@ -46,6 +46,9 @@ class StyleModel:
     # Trailing tokens of every sequence masked out of the loss (a padding mask: the batch carries a
     # ``loss_mask``, which the MTP block reads too).
     padding_tokens: int = 0
+    # A hybrid model's layer pattern (Megatron Core's symbols: M Mamba, * attention, E MoE, - MLP):
+    # built as MCore's HybridModel over local-spec layers (build_hybrid_model) instead of a GPTModel.
+    hybrid_pattern: str = ""
 
     @property
     def layers(self) -> int:
@@ -185,6 +188,31 @@ STYLE_MODELS: dict[str, StyleModel] = {
                 # unlike torch.compiler.disable does not import TorchDynamo).
                 "activation_func": inspect.unwrap(squared_relu),
             },
+        ),
+        StyleModel(
+            name="nemotron-h-tiny",
+            description=(
+                "Nemotron-H / Nemotron 3 Nano style hybrid: MCore's HybridModel with the pattern "
+                "M*EME (Mamba-2 mixers, one attention layer, MoE with shared experts and "
+                "squared-ReLU), no position embedding, RMSNorm; the Mamba kernels are the CPU "
+                "stand-ins of harness/cpu/mamba_kernels.py"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_MOE,
+                "num_layers": 5,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": False,
+                "moe_grouped_gemm": True,
+                "activation_func": inspect.unwrap(squared_relu),  # as nemotron-tiny
+                "is_hybrid_model": True,
+                # d_inner = 2 · 64 = 128: 8 heads of 16 in 2 groups, state 16.
+                "mamba_state_dim": 16,
+                "mamba_head_dim": 16,
+                "mamba_num_groups": 2,
+            },
+            hybrid_pattern="M*EME",
         ),
     )
 }
@@ -527,6 +555,11 @@ def build_model(
         **config_overrides,
     )
     _fit_moe_metrics_tracker(config.num_layers)
+    if style.hybrid_pattern:
+        torch.manual_seed(seed)
+        module = build_hybrid_model(style, config, attention_backend, seq_length)
+        module.to(device)
+        return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
     block_spec = _decoder_block_spec(config)
     set_core_attention(block_spec, attention_backend, style.mla)
     if style.hyper_connections:
@@ -548,3 +581,119 @@ def build_model(
     _run_linear_attention_helpers_eagerly(module)
     module.to(device)
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
+
+
+def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
+    """Megatron Core's hybrid stack spec (``hybrid_layer_specs.hybrid_stack_spec``) with local modules.
+
+    MCore ships that spec for Transformer Engine only (its layers' norms are fused into
+    ``TELayerNormColumnParallelLinear``). The same layer classes are built here from the local
+    provider, as ``get_gpt_layer_local_spec`` builds a GPT layer: the Mamba layer gets its own input
+    norm and plain column/row-parallel projections around MCore's ``MambaMixer``; the attention and
+    MoE layers are the local GPT layer's attention half and MoE half (``TransformerLayer`` and
+    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention.
+    """
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
+    from megatron.core.models.hybrid.hybrid_block import HybridStackSubmodules
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_layer import (
+        MoETransformerLayer,
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    local = LocalSpecProvider()
+    dense = get_gpt_layer_local_submodules(normalization=config.normalization)
+    moe = get_gpt_layer_local_submodules(
+        num_experts=config.num_moe_experts,
+        moe_grouped_gemm=config.moe_grouped_gemm,
+        normalization=config.normalization,
+    )
+    attention_class = core_attention_class(attention_backend, mla=False)
+    if attention_class is not None:
+        dense.self_attention.submodules.core_attention = attention_class
+    return ModuleSpec(
+        module=_local_norm_hybrid_stack(),
+        submodules=HybridStackSubmodules(
+            mamba_layer=ModuleSpec(
+                module=MambaLayer,
+                submodules=MambaLayerSubmodules(
+                    norm=dense.input_layernorm,
+                    mixer=ModuleSpec(
+                        module=MambaMixer,
+                        submodules=MambaMixerSubmodules(
+                            in_proj=local.column_parallel_linear(),
+                            out_proj=local.row_parallel_linear(),
+                        ),
+                    ),
+                    mamba_bda=get_bias_dropout_add,
+                ),
+            ),
+            attention_layer=ModuleSpec(
+                module=TransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    input_layernorm=dense.input_layernorm,
+                    self_attention=dense.self_attention,
+                    self_attn_bda=get_bias_dropout_add,
+                ),
+            ),
+            moe_layer=ModuleSpec(
+                module=MoETransformerLayer,
+                submodules=TransformerLayerSubmodules(
+                    pre_mlp_layernorm=moe.pre_mlp_layernorm,
+                    mlp=moe.mlp,
+                    mlp_bda=get_bias_dropout_add,
+                ),
+            ),
+        ),
+    )
+
+
+def _local_norm_hybrid_stack() -> type:
+    """MCore's ``HybridStack`` with the local final norm: its constructor builds ``TENorm``
+    unconditionally, which raises without Transformer Engine. Everything else (the layers, the
+    forward, full recompute's ``checkpointed_forward``) is MCore's own."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.hybrid.hybrid_block import HybridStack
+
+    class LocalNormHybridStack(HybridStack):
+        def __init__(
+            self,
+            config: Any,
+            submodules: Any,
+            *args: Any,
+            post_layer_norm: bool = True,
+            **kwargs: Any,
+        ) -> None:
+            super().__init__(config, submodules, *args, post_layer_norm=False, **kwargs)
+            self.post_layer_norm = post_layer_norm
+            if self.post_process and post_layer_norm:
+                norm = LocalSpecProvider().layer_norm(
+                    rms_norm=config.normalization == "RMSNorm", for_qk=False
+                )
+                self.final_norm = norm(
+                    config=config, hidden_size=config.hidden_size, eps=config.layernorm_epsilon
+                )
+
+    return LocalNormHybridStack
+
+
+def build_hybrid_model(
+    style: StyleModel, config: Any, attention_backend: str, seq_length: int
+) -> torch.nn.Module:
+    """MCore's ``HybridModel`` of ``style.hybrid_pattern`` over ``hybrid_stack_spec``; no position
+    embedding, as Nemotron-H has none (its attention layers take no RoPE)."""
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+    return HybridModel(
+        config,
+        hybrid_stack_spec(config, attention_backend),
+        vocab_size=style.vocab_size,
+        max_sequence_length=seq_length,
+        hybrid_layer_pattern=style.hybrid_pattern,
+        position_embedding_type="none",
+    )

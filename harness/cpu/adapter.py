@@ -29,13 +29,25 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    (``harness.cpu.deferred_compile``, installed before MCore imports by the harness's entry points):
    the same compilation, without importing TorchDynamo and Inductor into every CPU rank.
 
-5. Only where flash-linear-attention (fla) is absent: Megatron Core's Gated DeltaNet imports fla's
+5. Only where causal-conv1d / mamba-ssm are absent: Megatron Core's Mamba mixer
+   (``megatron.core.ssm.mamba_mixer``) leaves ``causal_conv1d_fn``, ``mamba_chunk_scan_combined`` and
+   ``mamba_split_conv1d_scan_combined`` ``None``, ``RMSNormGated`` and ``ExtendedRMSNorm`` a
+   ``MagicMock``, and ``HAVE_MAMBA_SSM`` False (its constructor then refuses). Those names are bound
+   to the CPU stand-ins of ``harness.cpu.mamba_kernels`` (each saves for backward exactly what the
+   GPU kernel's autograd function saves) and ``HAVE_MAMBA_SSM`` to True
+   (``bind_mamba_kernels()``). ``ExtendedRMSNorm`` is MCore's ``RMSNormGated`` plus a
+   distributed-checkpoint ``sharded_state_dict``, which nothing on CPU calls: it is bound to the
+   stand-in norm itself. A name the packages did bind is left alone.
+
+6. Only where flash-linear-attention (fla) is absent: Megatron Core's Gated DeltaNet imports fla's
    ``causal_conv1d``, ``l2norm`` and ``chunk_gated_delta_rule`` (Triton kernels), binds them to
-   ``None`` without fla, and refuses to build the layer (``HAVE_FLA``). In each GDN module that holds
-   them (``LINEAR_ATTENTION_MODULES``), a name left ``None`` is bound to its CPU stand-in
+   ``None`` without fla, and refuses to build the layer (``HAVE_FLA``); the head's GatedDeltaProduct
+   imports ``l2_norm`` and ``chunk_gated_delta_product`` and leaves them unbound. In each module that
+   names them (``LINEAR_ATTENTION_MODULES``), a name left unbound is bound to its CPU stand-in
    (``harness.cpu.linear_attention``: autograd keeps what fla's kernels keep, as the fused core
    attention keeps what flash attention keeps) and ``HAVE_FLA`` then says True. They are kernels:
-   the layer's own code, its output-discard checkpoint (``gdn_norm_out``) included, runs unmodified.
+   the layers' own code, their output-discard checkpoints (``gdn_norm_out``, ``gdp_in_proj``,
+   ``gdp_qkv``) included, runs unmodified.
 
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
@@ -59,7 +71,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-from harness.cpu import linear_attention
+from harness.cpu import linear_attention, mamba_kernels
 from harness.cpu.deferred_compile import upstream_compile
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -85,19 +97,34 @@ FP8_DISABLED_NAMES: tuple[str, ...] = (
     "activation_recompute_forward",
     "fp8_autocast",
 )
+# Part 5: the Mamba mixer's kernel names -> their CPU stand-ins, bound where MCore left them unbound.
+MAMBA_STAND_INS: dict[str, Any] = {
+    "causal_conv1d_fn": mamba_kernels.causal_conv1d_fn,
+    "mamba_chunk_scan_combined": mamba_kernels.mamba_chunk_scan_combined,
+    "mamba_split_conv1d_scan_combined": mamba_kernels.mamba_split_conv1d_scan_combined,
+    "RMSNormGated": mamba_kernels.RMSNormGated,
+    "ExtendedRMSNorm": mamba_kernels.RMSNormGated,
+}
 _FORK_WARNING = "CPU RNG state changed within GPU RNG context"
-# Part 5: the Gated DeltaNet modules that import fla's kernels by name (0.18.2: one module; 0.19 and
-# later: a package re-exporting them from ``common``, which ``gdn`` imports them from). Absent ones
-# are skipped.
-LINEAR_ATTENTION_MODULES: tuple[str, ...] = (
-    "megatron.core.ssm.gated_delta_net",
-    "megatron.core.ssm.gated_delta_net.common",
-    "megatron.core.ssm.gated_delta_net.gdn",
-)
+# Part 6: the modules that import fla's kernels by name -> those names (Gated DeltaNet: 0.18.2 one
+# module; 0.19 and later a package re-exporting them from ``common``, which ``gdn`` imports them from;
+# GatedDeltaProduct: the head). Absent modules are skipped.
+LINEAR_ATTENTION_MODULES: dict[str, tuple[str, ...]] = {
+    "megatron.core.ssm.gated_delta_net": ("causal_conv1d", "l2norm", "chunk_gated_delta_rule"),
+    "megatron.core.ssm.gated_delta_net.common": (
+        "causal_conv1d",
+        "l2norm",
+        "chunk_gated_delta_rule",
+    ),
+    "megatron.core.ssm.gated_delta_net.gdn": ("causal_conv1d", "chunk_gated_delta_rule"),
+    "megatron.core.ssm.gated_delta_product": ("l2_norm", "chunk_gated_delta_product"),
+}
 LINEAR_ATTENTION_KERNELS: dict[str, Any] = {
     "causal_conv1d": linear_attention.causal_conv1d,
     "l2norm": linear_attention.l2norm,
+    "l2_norm": linear_attention.l2_norm,
     "chunk_gated_delta_rule": linear_attention.chunk_gated_delta_rule,
+    "chunk_gated_delta_product": linear_attention.chunk_gated_delta_product,
 }
 
 _enabled = False
@@ -206,23 +233,47 @@ def bind_fp8_disabled_without_te() -> bool:
     return True
 
 
-def bind_linear_attention_without_fla() -> list[str]:
-    """Part 5: bind fla's kernel names that Megatron Core left ``None`` to the CPU stand-ins; returns
-    the ``module.name`` entries bound (none where fla is installed)."""
+def bind_mamba_kernels() -> list[str]:
+    """Part 5: bind the Mamba mixer's kernel names MCore left unbound to the CPU stand-ins (the names
+    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer)."""
+    try:
+        mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
+    except ImportError:
+        return []
     bound = []
-    for module_name in LINEAR_ATTENTION_MODULES:
+    for name, stand_in in MAMBA_STAND_INS.items():
+        current = getattr(mixer, name, None)
+        # Unbound: None when the import failed, a MagicMock (not a type) for the norm classes.
+        if current is None or (
+            name in ("RMSNormGated", "ExtendedRMSNorm") and not isinstance(current, type)
+        ):
+            setattr(mixer, name, stand_in)
+            bound.append(name)
+    # False exactly when mamba-ssm failed to import, i.e. its names were unbound and are bound now.
+    if not getattr(mixer, "HAVE_MAMBA_SSM", True):
+        setattr(mixer, "HAVE_MAMBA_SSM", True)  # noqa: B010 - a module global mypy cannot see
+        bound.append("HAVE_MAMBA_SSM")
+    return bound
+
+
+def bind_linear_attention_without_fla() -> list[str]:
+    """Part 6: bind fla's kernel names Megatron Core left unbound to the CPU stand-ins; returns the
+    ``module.name`` entries bound (none where fla is installed).
+
+    Unbound: ``None`` (the Gated DeltaNet's fallback), or absent from a module whose ``HAVE_FLA`` says
+    fla failed to import (GatedDeltaProduct binds no fallback)."""
+    bound = []
+    for module_name, names in LINEAR_ATTENTION_MODULES.items():
         try:
             module = importlib.import_module(module_name)
         except ImportError:  # a revision without this module
             continue
-        for name, kernel in LINEAR_ATTENTION_KERNELS.items():
-            if hasattr(module, name) and getattr(module, name) is None:
-                setattr(module, name, kernel)
+        without_fla = getattr(module, "HAVE_FLA", True) is False
+        for name in names:
+            if getattr(module, name, None) is None and (hasattr(module, name) or without_fla):
+                setattr(module, name, LINEAR_ATTENTION_KERNELS[name])
                 bound.append(f"{module_name}.{name}")
-        if getattr(module, "HAVE_FLA", True) is False and all(
-            getattr(module, name, kernel) is not None
-            for name, kernel in LINEAR_ATTENTION_KERNELS.items()
-        ):
+        if without_fla:
             vars(module)["HAVE_FLA"] = True
     return bound
 
@@ -241,6 +292,7 @@ def enable_cpu_adapter() -> bool:
     mcore_random._set_cuda_rng_state = _cpu_set_rng_state
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
     bind_fp8_disabled_without_te()
+    bind_mamba_kernels()
     bind_linear_attention_without_fla()
     _enabled = True
     return True

@@ -26,7 +26,7 @@ discipline). What each keeps:
 Math in fp32, outputs in the input dtype, as the Triton kernels compute. Only what MCore's GDN uses is
 implemented (no packed sequences, initial or final states, context parallelism): anything else is
 refused with ``NotImplementedError``. ``harness.cpu.adapter`` binds these into Megatron Core where fla
-is absent (part 5 of the adapter).
+is absent (part 6 of the adapter).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 import pytest
 import torch
@@ -96,3 +97,58 @@ def test_gdn_shape(cpu_group):
     # The local back end has no fused norm + linear: the GDN layer keeps its own input norm.
     assert type(first.input_layernorm) is type(second.input_layernorm)
     assert first.self_attention.num_value_heads == 2 * first.self_attention.num_key_heads
+
+
+def test_nemotron_h_is_megatron_cores_hybrid_model_of_its_pattern(cpu_group):
+    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    from megatron.core.ssm import mamba_mixer
+    from megatron.core.ssm.mamba_layer import MambaLayer
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+    from megatron.core.transformer.transformer_layer import MoETransformerLayer, TransformerLayer
+
+    from harness.cpu import mamba_kernels
+
+    model = build_model("nemotron-h-tiny", RecomputeFields.selective())
+    assert isinstance(model.module, HybridModel)
+    layers = model.module.decoder.layers
+    assert style_model("nemotron-h-tiny").hybrid_pattern == "M*EME"
+    assert [type(layer) for layer in layers] == [
+        MambaLayer,
+        TransformerLayer,
+        MoETransformerLayer,
+        MambaLayer,
+        MoETransformerLayer,
+    ]
+    assert all(isinstance(layers[i].mlp, MoELayer) and layers[i].mlp.shared_experts for i in (2, 4))
+    # The mixer is MCore's, calling the CPU stand-ins the adapter bound where mamba-ssm is absent.
+    assert isinstance(layers[0].mixer, mamba_mixer.MambaMixer)
+    assert mamba_mixer.mamba_split_conv1d_scan_combined is (
+        mamba_kernels.mamba_split_conv1d_scan_combined
+    )
+    assert isinstance(layers[0].mixer.norm, mamba_kernels.RMSNormGated)
+
+
+def test_nemotron_h_full_recompute_checkpoints_the_mamba_layers_bit_for_bit(cpu_group):
+    from harness.probe.measure import measure, retained_by_forward
+
+    control = build_model("nemotron-h-tiny", RecomputeFields.selective())
+    full = build_model(
+        "nemotron-h-tiny", RecomputeFields(granularity="full", method="uniform", num_layers=1)
+    )
+    full.module.load_state_dict(control.module.state_dict())
+    retained = {}
+    for name, model in (("control", control), ("full", full)):
+        model.module.train()
+        loss = partial(model.loss, model.batch())
+        _, _, retained[name] = retained_by_forward(model.module, loss)
+    # Without recompute the mixer keeps what mamba-ssm's MambaSplitConv1dScanCombinedFn keeps:
+    # zxbcdt [b, l, 2·128 + 2·2·16 + 8] and out_x [b, l, 8, 16] (fp32), plus A = -exp(A_log) and
+    # exp's own result (8 heads each).
+    tokens = control.micro_batch_size * control.seq_length
+    assert retained["control"]["decoder.layers.0.mixer"] == tokens * (328 + 128) * 4 + 2 * 8 * 4
+    # Full recompute keeps only the checkpointed inputs, held by the stack: no layer keeps anything.
+    assert not [key for key in retained["full"] if key.startswith("decoder.layers.")]
+    assert retained["full"]["decoder"] > 0
+    a, b = measure(control, instrument=False), measure(full, instrument=False)
+    assert torch.equal(a.loss, b.loss)
+    assert all(torch.equal(a.grads[name], b.grads[name]) for name in a.grads)

@@ -50,9 +50,9 @@ def test_each_revision_matches_its_committed_goldens(revision):
     assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
     probe = harness(tree, "probe", "--all", "--check-golden")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
-    # fp32 and bf16 of the six style models each tree can build: mhc-tiny needs the head's
+    # fp32 and bf16 of the seven style models each tree can build: mhc-tiny needs the head's
     # hyper-connections; the head's MTP layer cannot be built without Transformer Engine.
-    assert probe.stdout.count(": matches cpu-probe-") == 2 * 6
+    assert probe.stdout.count(": matches cpu-probe-") == 2 * 7
     if revision != "head":
         assert (
             "\nnot probed here: mhc-tiny: this Megatron Core has no HyperConnection" in probe.stdout

@@ -172,3 +172,16 @@ def test_deferred_compile_compiles_on_first_call_exactly_as_upstream():
         upstream_compile() is adapter._ORIGINALS["torch.compile"]
         and upstream_compile() is not torch.compile
     )
+
+
+def test_mamba_kernels_are_bound_only_where_megatron_core_left_them_unbound(cpu_group):
+    from megatron.core.ssm import mamba_mixer
+
+    from harness.cpu import mamba_kernels
+
+    # Bound once by enable_cpu_adapter (mamba-ssm and causal-conv1d are absent here); a second call
+    # finds nothing unbound, so it never replaces what it (or an installed package) bound.
+    assert mamba_mixer.HAVE_MAMBA_SSM
+    assert mamba_mixer.causal_conv1d_fn is mamba_kernels.causal_conv1d_fn
+    assert mamba_mixer.ExtendedRMSNorm is mamba_kernels.RMSNormGated
+    assert adapter.bind_mamba_kernels() == []
