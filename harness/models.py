@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.util
 import inspect
 import types
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ class StyleModel:
     # A hybrid model's layer pattern (Megatron Core's symbols: M Mamba, * attention, E MoE, - MLP):
     # built as MCore's HybridModel over local-spec layers (build_hybrid_model) instead of a GPTModel.
     hybrid_pattern: str = ""
+    # The hybrid's M layers are GatedDeltaProduct mixers (MCore's gdp stack spec) instead of Mamba-2.
+    gated_delta_product: bool = False
 
     @property
     def layers(self) -> int:
@@ -214,6 +217,34 @@ STYLE_MODELS: dict[str, StyleModel] = {
             },
             hybrid_pattern="M*EME",
         ),
+        StyleModel(
+            name="gdp-tiny",
+            description=(
+                "GatedDeltaProduct hybrid: MCore's HybridModel with the pattern M*E whose M layer "
+                "is a GatedDeltaProductMixer (2 Householder steps per token, as MCore's gdp stack "
+                "spec), then attention and MoE with shared experts; its fla / causal-conv1d / "
+                "mamba-ssm kernels are CPU stand-ins; a Megatron Core that has it (main) only"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_MOE,
+                "num_layers": 3,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": False,
+                "moe_grouped_gemm": True,
+                "activation_func": inspect.unwrap(squared_relu),
+                "is_hybrid_model": True,
+                # d_inner = 4 heads of 16; q/k of 16 in 2 groups.
+                "mamba_state_dim": 16,
+                "mamba_head_dim": 16,
+                "mamba_num_groups": 2,
+                "mamba_num_heads": 4,
+                "gdp_num_householder": 2,
+            },
+            hybrid_pattern="M*E",
+            gated_delta_product=True,
+        ),
     )
 }
 
@@ -225,10 +256,15 @@ def style_model(name: str) -> StyleModel:
         raise UsageError(f"unknown model {name!r}; known: {', '.join(STYLE_MODELS)}") from None
 
 
+_GDP_MODULE = "megatron.core.ssm.gated_delta_product"
+
+
 def not_on_this_tree(style: StyleModel) -> str:
     """Why the imported Megatron Core cannot build ``style`` ("" when it can)."""
     if style.hyper_connections and _hyper_connection_classes() is None:
         return "this Megatron Core has no HyperConnectionTransformerLayer (mHC: 0.20 / main)"
+    if style.gated_delta_product and importlib.util.find_spec(_GDP_MODULE) is None:
+        return f"this Megatron Core has no GatedDeltaProduct ({_GDP_MODULE}: main)"
     if style.config_kwargs.get("mtp_num_layers"):
         return _mtp_needs_transformer_engine()
     return ""
@@ -583,7 +619,9 @@ def build_model(
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
 
 
-def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
+def hybrid_stack_spec(
+    config: Any, attention_backend: str, gated_delta_product: bool = False
+) -> Any:
     """Megatron Core's hybrid stack spec (``hybrid_layer_specs.hybrid_stack_spec``) with local modules.
 
     MCore ships that spec for Transformer Engine only (its layers' norms are fused into
@@ -591,14 +629,13 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
     provider, as ``get_gpt_layer_local_spec`` builds a GPT layer: the Mamba layer gets its own input
     norm and plain column/row-parallel projections around MCore's ``MambaMixer``; the attention and
     MoE layers are the local GPT layer's attention half and MoE half (``TransformerLayer`` and
-    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention.
+    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention;
+    ``gated_delta_product`` puts a ``GatedDeltaProductMixer`` in the Mamba layer instead.
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-    from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
     from megatron.core.models.hybrid.hybrid_block import HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
-    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import (
         MoETransformerLayer,
@@ -606,7 +643,6 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
         TransformerLayerSubmodules,
     )
 
-    local = LocalSpecProvider()
     dense = get_gpt_layer_local_submodules(normalization=config.normalization)
     moe = get_gpt_layer_local_submodules(
         num_experts=config.num_moe_experts,
@@ -623,13 +659,7 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
                 module=MambaLayer,
                 submodules=MambaLayerSubmodules(
                     norm=dense.input_layernorm,
-                    mixer=ModuleSpec(
-                        module=MambaMixer,
-                        submodules=MambaMixerSubmodules(
-                            in_proj=local.column_parallel_linear(),
-                            out_proj=local.row_parallel_linear(),
-                        ),
-                    ),
+                    mixer=_mixer_spec(gated_delta_product),
                     mamba_bda=get_bias_dropout_add,
                 ),
             ),
@@ -682,6 +712,28 @@ def _local_norm_hybrid_stack() -> type:
     return LocalNormHybridStack
 
 
+def _mixer_spec(gated_delta_product: bool) -> Any:
+    """The M layers' mixer with local projections: MCore's ``MambaMixer``, or its
+    ``GatedDeltaProductMixer`` (the head's ``gdp_stack_spec`` puts it in the same ``MambaLayer``)."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    local = LocalSpecProvider()
+    projections = {
+        "in_proj": local.column_parallel_linear(),
+        "out_proj": local.row_parallel_linear(),
+    }
+    if gated_delta_product:
+        gdp = importlib.import_module(_GDP_MODULE)
+        return ModuleSpec(
+            module=gdp.GatedDeltaProductMixer,
+            submodules=gdp.GatedDeltaProductMixerSubmodules(**projections),
+        )
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+
+    return ModuleSpec(module=MambaMixer, submodules=MambaMixerSubmodules(**projections))
+
+
 def build_hybrid_model(
     style: StyleModel, config: Any, attention_backend: str, seq_length: int
 ) -> torch.nn.Module:
@@ -691,7 +743,7 @@ def build_hybrid_model(
 
     return HybridModel(
         config,
-        hybrid_stack_spec(config, attention_backend),
+        hybrid_stack_spec(config, attention_backend, style.gated_delta_product),
         vocab_size=style.vocab_size,
         max_sequence_length=seq_length,
         hybrid_layer_pattern=style.hybrid_pattern,

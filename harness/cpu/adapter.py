@@ -37,7 +37,11 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    GPU kernel's autograd function saves) and ``HAVE_MAMBA_SSM`` to True
    (``bind_mamba_kernels()``). ``ExtendedRMSNorm`` is MCore's ``RMSNormGated`` plus a
    distributed-checkpoint ``sharded_state_dict``, which nothing on CPU calls: it is bound to the
-   stand-in norm itself. A name the packages did bind is left alone.
+   stand-in norm itself. A name the packages did bind is left alone. The head's GatedDeltaProduct
+   mixer (``megatron.core.ssm.gated_delta_product``) imports the same convolution and norm and gets
+   the same stand-ins; its constructor also asks causal-conv1d's package version (importing it)
+   whether packed sequences are supported, which is answered yes there: the stand-in convolution
+   refuses packed input (``seq_idx``) itself.
 
 6. Only where flash-linear-attention (fla) is absent: Megatron Core's Gated DeltaNet imports fla's
    ``causal_conv1d``, ``l2norm`` and ``chunk_gated_delta_rule`` (Triton kernels), binds them to
@@ -235,7 +239,8 @@ def bind_fp8_disabled_without_te() -> bool:
 
 def bind_mamba_kernels() -> list[str]:
     """Part 5: bind the Mamba mixer's kernel names MCore left unbound to the CPU stand-ins (the names
-    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer)."""
+    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer); the same
+    names in the head's GatedDeltaProduct (``_bind_gated_delta_product_kernels``)."""
     try:
         mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
     except ImportError:
@@ -253,6 +258,32 @@ def bind_mamba_kernels() -> list[str]:
     if not getattr(mixer, "HAVE_MAMBA_SSM", True):
         setattr(mixer, "HAVE_MAMBA_SSM", True)  # noqa: B010 - a module global mypy cannot see
         bound.append("HAVE_MAMBA_SSM")
+    return bound + _bind_gated_delta_product_kernels()
+
+
+def _packed_sequences_left_to_the_stand_in() -> tuple[bool, None]:
+    """The head's ``check_fla_sequence_packing_support`` where causal-conv1d is absent: the stand-in
+    convolution refuses packed sequences (``seq_idx``) itself, so building the mixer is allowed."""
+    return True, None
+
+
+def _bind_gated_delta_product_kernels() -> list[str]:
+    """Part 5 for the head's GatedDeltaProduct mixer: its ``causal_conv1d_fn`` (None), ``RMSNormGated``
+    and ``ExtendedRMSNorm`` (MagicMocks) and ``HAVE_MAMBA_SSM``, as in the Mamba mixer; and its
+    constructor's causal-conv1d version gate, which imports the package (absent here) to ask whether
+    packed sequences are supported: bound to ``_packed_sequences_left_to_the_stand_in``."""
+    try:
+        gdp = importlib.import_module("megatron.core.ssm.gated_delta_product")
+    except ImportError:
+        return []
+    if gdp.HAVE_MAMBA_SSM or gdp.causal_conv1d_fn is not None:
+        return []  # mamba-ssm or causal-conv1d installed: their kernels and version are real
+    bound = []
+    for name in ("causal_conv1d_fn", "RMSNormGated", "ExtendedRMSNorm"):
+        setattr(gdp, name, MAMBA_STAND_INS[name])
+        bound.append(f"gated_delta_product.{name}")
+    vars(gdp)["HAVE_MAMBA_SSM"] = True
+    vars(gdp)["check_fla_sequence_packing_support"] = _packed_sequences_left_to_the_stand_in
     return bound
 
 

@@ -106,13 +106,14 @@ def _layer_kinds(model: str) -> set[str]:
         kinds.add("dense MLP")
     if "GatedDeltaNet" in names:
         kinds.add("Gated DeltaNet")
-    if "GatedDeltaProduct" in names:
+    if "GatedDeltaProductMixer" in names:
         kinds.add("GatedDeltaProduct")
     if "MoELayer" in names:
         kinds.add("MoE")
     if "HyperConnectionModule" in names:
         kinds.add("hyper-connections")
-    if any("Mamba" in name for name in names):
+    # The Mamba-2 mixer itself: a GatedDeltaProduct mixer sits in a MambaLayer too.
+    if "MambaMixer" in names:
         kinds.add("Mamba")
     if any("MultiTokenPrediction" in name for name in names):
         kinds.add("MTP")

@@ -58,7 +58,18 @@ def test_the_mhc_model_is_built_only_where_megatron_core_has_hyper_connections(c
 
     has_them = hasattr(layers, "HyperConnectionTransformerLayer")
     assert ("mhc-tiny" in buildable_models()) is has_them
-    assert set(buildable_models()) | {"mhc-tiny"} == set(STYLE_MODELS)  # every other model, always
+    # every other model, always (gdp-tiny: the test below)
+    assert set(buildable_models()) | {"mhc-tiny", "gdp-tiny"} == set(STYLE_MODELS)
+
+
+def test_the_gdp_model_is_built_only_where_megatron_core_has_gated_delta_product(cpu_group):
+    import importlib.util
+
+    has_it = importlib.util.find_spec("megatron.core.ssm.gated_delta_product") is not None
+    assert ("gdp-tiny" in buildable_models()) is has_it
+    if not has_it:
+        with pytest.raises(UsageError, match="has no GatedDeltaProduct"):
+            build_model("gdp-tiny", RecomputeFields.selective())
 
 
 def test_sizes_are_overridable(cpu_group):
