@@ -1,11 +1,15 @@
 """Tiny "style" models built from Megatron Core's own specs: shaped like the real ones, small enough for CPU.
 
-Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test.
-Components of ours are core attentions only (the Gated DeltaNet layers of ``gdn-tiny`` are MCore's,
-their fla kernels bound to CPU stand-ins by the CPU adapter, part 6). ``KVChannelsDotProductAttention``: MCore's MLA builds
-its core attention with ``k_channels``/``v_channels``, which the local ``DotProductAttention`` does not
-accept; ours accepts them so MCore's MLA projection code (where ``mla_up_proj`` lives) runs
-unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
+Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompute fields under test,
+except ``nemotron-h-tiny``: Megatron Core's ``HybridModel`` (Mamba, attention and MoE layers) over the
+same local modules (``hybrid_stack_spec``). Components of ours are core attentions and the hybrid
+stack's final norm (``_local_norm_hybrid_stack``: MCore builds it as ``TENorm`` unconditionally); the
+Mamba mixer's CUDA kernels are the CPU adapter's stand-ins (harness/cpu/mamba_kernels.py), as are
+the fla kernels of ``gdn-tiny``'s Gated DeltaNet and ``gdp-tiny``'s GatedDeltaProduct (MCore's layers;
+harness/cpu/linear_attention.py); ``gdp-tiny`` is a ``HybridModel`` too.
+``KVChannelsDotProductAttention``: MCore's MLA builds its core attention with ``k_channels`` /
+``v_channels``, which the local ``DotProductAttention`` does not accept; ours accepts them so MCore's
+MLA projection code (where ``mla_up_proj`` lives) runs unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
 
 ``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the runner's
 ``mcore`` back end calls it on CPU (under the adapter) and with ``device="cuda"`` on GPU.
@@ -175,8 +179,8 @@ STYLE_MODELS: dict[str, StyleModel] = {
             name="nemotron-tiny",
             description=(
                 "attention + MoE (shared experts, squared-ReLU, grouped-GEMM flag) part of "
-                "the Nemotron-H pattern, 2 layers; the Mamba layers are left out: they need CUDA kernels "
-                "(mamba_ssm / causal_conv1d) that do not run on CPU"
+                "the Nemotron-H pattern, 2 layers; the Mamba layers are left out here "
+                "(nemotron-h-tiny has them, on the CPU stand-ins of their CUDA kernels)"
             ),
             config_kwargs={
                 **_COMMON,

@@ -149,8 +149,9 @@ def check_estimable(recipe: Recipe) -> None:
         )
     if recipe.backend == "bridge" and recipe.backend_options.get("recipe") != "moonlight_16b":
         raise UsageError(
-            f"{where}: no CPU layer model for {recipe.model!r} (its Mamba layers need CUDA kernels: "
-            "mamba_ssm / causal_conv1d); estimate covers Moonlight and mcore style-model recipes"
+            f"{where}: no CPU layer model for {recipe.model!r} (the estimate builds GPT layers only; "
+            "Mamba layers run on CPU in the probe's nemotron-h-tiny); estimate covers Moonlight and "
+            "mcore style-model recipes"
         )
 
 

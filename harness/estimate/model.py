@@ -9,8 +9,8 @@ model):
 - ``mcore`` recipes: the named style model's TransformerConfig values with the recipe's
   ``[mcore.config]`` overrides, exactly as ``harness.run.backend_mcore`` builds them.
 
-Everything else (Nemotron's hybrid Mamba stack: its Mamba layers need CUDA kernels) is refused with
-the reason. CPU-only substitutions (no TE) are the probe's: local spec, unfused bias/dropout/softmax/
+Everything else (Nemotron's hybrid Mamba stack: no hybrid layer model here yet, although its Mamba
+layers run on CPU in the probe, harness/cpu/mamba_kernels.py) is refused with the reason. CPU-only substitutions (no TE) are the probe's: local spec, unfused bias/dropout/softmax/
 rope, the ``allgather`` dispatcher (``alltoall``/``flex`` need CUDA streams), SequentialMLP experts.
 """
 
@@ -141,8 +141,9 @@ def architecture(recipe: Recipe) -> Architecture:
         arch = _style(recipe)
     else:
         raise UsageError(
-            f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r} (its Mamba layers need CUDA "
-            "kernels: mamba_ssm / causal_conv1d); estimate covers Moonlight-style and mcore style-model recipes"
+            f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r} (the estimate builds GPT "
+            "layers only; Mamba layers run on CPU in the probe's nemotron-h-tiny); estimate covers "
+            "Moonlight-style and mcore style-model recipes"
         )
     if len(arch.layer_kinds) != arch.config["num_layers"]:
         raise UsageError(

@@ -49,7 +49,9 @@ def test_layer_kinds_come_from_the_built_modules(axes):
     for kind in ("MLA", "dense MLP", "MoE"):
         assert entries[("layer kind", kind)]["status"] == MEASURED
     assert entries[("layer kind", "attention")]["status"] == NOT_PROBED
-    assert "CUDA" in entries[("layer kind", "Mamba")]["reason"]
+    # Mamba layers are nemotron-h-tiny's, which this run did not probe: the reason says so.
+    assert entries[("layer kind", "Mamba")]["status"] == NOT_PROBED
+    assert "nemotron-h-tiny" in entries[("layer kind", "Mamba")]["reason"]
 
 
 def test_axes_outside_the_probe_say_why(axes):
@@ -85,3 +87,10 @@ def test_a_row_mcore_cannot_build_on_cpu_is_a_requires_cuda_row_not_a_traceback(
     )
     assert row.status == REQUIRES_CUDA and not row.measured
     assert "token_dispatcher.py" in row.reason  # the MCore line that asked for CUDA
+
+
+def test_nemotron_h_brings_the_mamba_layer_kind():
+    from harness.probe.axes import _layer_kinds
+
+    init_cpu_parallel_state()
+    assert _layer_kinds("nemotron-h-tiny") == {"attention", "MoE", "Mamba"}
