@@ -257,7 +257,6 @@ def _both_ends(d_log: torch.Tensor) -> torch.Tensor:
 
 def _delta_rule_grads(c: _Chunked, d_out: torch.Tensor) -> list[torch.Tensor]:
     """dq, dk, dv, dG, dbeta of ``sum(d_out * output)``, derived by hand (grad mode off)."""
-    t = lambda x: x.transpose(-1, -2)
     exp_g = c.gates.exp()
     dq, dk, dv = torch.zeros_like(c.q), torch.zeros_like(c.k), torch.zeros_like(c.v)
     d_gates, d_beta = torch.zeros_like(c.gates), torch.zeros_like(c.beta)
@@ -270,7 +269,7 @@ def _delta_rule_grads(c: _Chunked, d_out: torch.Tensor) -> list[torch.Tensor]:
         to_end = (last - g_n).exp().unsqueeze(-1)
         q_decayed = c.q[:, :, n] * exp_g[:, :, n].unsqueeze(-1)
         # state' = exp(last) state + (k exp(last - G))^T v_new
-        d_carried = v_new @ t(d_state)
+        d_carried = v_new @ d_state.mT
         carried_log = (d_carried * c.k[:, :, n] * to_end).sum(-1)
         dk[:, :, n] += d_carried * to_end
         d_gates[:, :, n] -= carried_log
@@ -279,24 +278,26 @@ def _delta_rule_grads(c: _Chunked, d_out: torch.Tensor) -> list[torch.Tensor]:
         ).sum((-1, -2))
         d_v_new = c.k[:, :, n] * to_end @ d_state
         # output = (q exp(G)) state + scores v_new
-        d_scores[:, :, n] = do @ t(v_new)
-        d_v_new = d_v_new + t(c.scores[:, :, n]) @ do
-        d_q_decayed = do @ t(state)
+        d_scores[:, :, n] = do @ v_new.mT
+        d_v_new = d_v_new + c.scores[:, :, n].mT @ do
+        d_q_decayed = do @ state.mT
         dq[:, :, n] += d_q_decayed * exp_g[:, :, n].unsqueeze(-1)
         d_gates[:, :, n] += (d_q_decayed * q_decayed).sum(-1)
         # v_new = u - w state
         du[:, :, n] = d_v_new
-        dw[:, :, n] = -d_v_new @ t(state)
-        d_state = t(q_decayed) @ do + last.exp().unsqueeze(-1) * d_state - t(c.w[:, :, n]) @ d_v_new
+        dw[:, :, n] = -d_v_new @ state.mT
+        d_state = q_decayed.mT @ do + last.exp().unsqueeze(-1) * d_state - c.w[:, :, n].mT @ d_v_new
     # Within chunks, all at once. scores = (q k^T) * exp(G_i - G_j):
     decay = _decay(c.gates, _causal(True, c.q.device))
     d_qk = d_scores * decay
     dq += d_qk @ c.k
-    dk += t(d_qk) @ c.q
+    dk += d_qk.mT @ c.q
     d_gates += _both_ends(d_scores * c.scores)
     # w = A (beta exp(G) k), u = A (beta v):
-    d_inverse = dw @ t(c.k * (c.beta * exp_g).unsqueeze(-1)) + du @ t(c.v * c.beta.unsqueeze(-1))
-    d_kg, d_vb = t(c.inverse) @ dw, t(c.inverse) @ du
+    d_inverse = (
+        dw @ (c.k * (c.beta * exp_g).unsqueeze(-1)).mT + du @ (c.v * c.beta.unsqueeze(-1)).mT
+    )
+    d_kg, d_vb = c.inverse.mT @ dw, c.inverse.mT @ du
     dk += d_kg * (c.beta * exp_g).unsqueeze(-1)
     kg_log = (d_kg * c.k).sum(-1) * exp_g
     d_beta += kg_log + (d_vb * c.v).sum(-1)
@@ -305,11 +306,11 @@ def _delta_rule_grads(c: _Chunked, d_out: torch.Tensor) -> list[torch.Tensor]:
     # A = (I + L)^-1, L = tril(beta_i k_i.k_j exp(G_i - G_j), -1): dL = -A^T dA A^T below the
     # diagonal.
     strict = _causal(False, c.q.device)
-    d_lower = -(t(c.inverse) @ d_inverse @ t(c.inverse)) * strict
-    gram, decay_strict = c.k @ t(c.k), _decay(c.gates, strict)
+    d_lower = -(c.inverse.mT @ d_inverse @ c.inverse.mT) * strict
+    gram, decay_strict = c.k @ c.k.mT, _decay(c.gates, strict)
     d_beta += (d_lower * gram * decay_strict).sum(-1)
     d_gram = d_lower * c.beta.unsqueeze(-1) * decay_strict
-    dk += (d_gram + t(d_gram)) @ c.k
+    dk += (d_gram + d_gram.mT) @ c.k
     d_gates += _both_ends(d_lower * c.beta.unsqueeze(-1) * gram * decay_strict)
     return [dq, dk, dv, d_gates, d_beta]
 
