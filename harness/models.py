@@ -4,7 +4,9 @@ Every model is a real ``GPTModel`` from the local (non-TE) spec with the recompu
 except ``nemotron-h-tiny``: Megatron Core's ``HybridModel`` (Mamba, attention and MoE layers) over the
 same local modules (``hybrid_stack_spec``). Components of ours are core attentions and the hybrid
 stack's final norm (``_local_norm_hybrid_stack``: MCore builds it as ``TENorm`` unconditionally); the
-Mamba mixer's CUDA kernels are the CPU adapter's stand-ins (harness/cpu/mamba_kernels.py).
+Mamba mixer's CUDA kernels are the CPU adapter's stand-ins (harness/cpu/mamba_kernels.py), as are
+the fla kernels of ``gdn-tiny``'s Gated DeltaNet and ``gdp-tiny``'s GatedDeltaProduct (MCore's layers;
+harness/cpu/linear_attention.py); ``gdp-tiny`` is a ``HybridModel`` too.
 ``KVChannelsDotProductAttention``: MCore's MLA builds its core attention with ``k_channels`` /
 ``v_channels``, which the local ``DotProductAttention`` does not accept; ours accepts them so MCore's
 MLA projection code (where ``mla_up_proj`` lives) runs unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
@@ -15,8 +17,11 @@ MLA projection code (where ``mla_up_proj`` lives) runs unmodified. ``FusedCoreAt
 
 from __future__ import annotations
 
+import copy
 import importlib
+import importlib.util
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +30,7 @@ from megatron.core.activations import squared_relu
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.attention import ATTENTION_BACKENDS, fused_core_attention
+from harness.cpu.deferred_compile import eager_form
 from harness.errors import UsageError
 
 
@@ -48,6 +54,8 @@ class StyleModel:
     # A hybrid model's layer pattern (Megatron Core's symbols: M Mamba, * attention, E MoE, - MLP):
     # built as MCore's HybridModel over local-spec layers (build_hybrid_model) instead of a GPTModel.
     hybrid_pattern: str = ""
+    # The hybrid's M layers are GatedDeltaProduct mixers (MCore's gdp stack spec) instead of Mamba-2.
+    gated_delta_product: bool = False
 
     @property
     def layers(self) -> int:
@@ -117,6 +125,28 @@ STYLE_MODELS: dict[str, StyleModel] = {
             ),
             config_kwargs={**_COMMON, **_DENSE, "num_layers": 2, "enable_mhc_connections": True},
             hyper_connections=True,
+        ),
+        StyleModel(
+            name="gdn-tiny",
+            description=(
+                "Qwen3-Next style: Gated DeltaNet linear attention mixed with standard attention "
+                "(experimental_attention_variant gated_delta_net, linear_attention_freq 2: GDN "
+                "then attention), dense SwiGLU MLP, RMSNorm, 2 layers; the GDN layer from MCore's "
+                "own module spec, its fla kernels CPU stand-ins"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_DENSE,
+                "num_layers": 2,
+                "experimental_attention_variant": "gated_delta_net",
+                "linear_attention_freq": 2,
+                "linear_conv_kernel_dim": 4,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                # Fewer key than value heads: MCore repeats q and k per value head, as in Qwen3-Next.
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 4,
+            },
         ),
         StyleModel(
             name="moonlight-tiny",
@@ -196,6 +226,34 @@ STYLE_MODELS: dict[str, StyleModel] = {
             },
             hybrid_pattern="M*EME",
         ),
+        StyleModel(
+            name="gdp-tiny",
+            description=(
+                "GatedDeltaProduct hybrid: MCore's HybridModel with the pattern M*E whose M layer "
+                "is a GatedDeltaProductMixer (2 Householder steps per token, as MCore's gdp stack "
+                "spec), then attention and MoE with shared experts; its fla / causal-conv1d / "
+                "mamba-ssm kernels are CPU stand-ins; a Megatron Core that has it (main) only"
+            ),
+            config_kwargs={
+                **_COMMON,
+                **_MOE,
+                "num_layers": 3,
+                "ffn_hidden_size": 128,
+                "num_query_groups": 2,
+                "gated_linear_unit": False,
+                "moe_grouped_gemm": True,
+                "activation_func": inspect.unwrap(squared_relu),
+                "is_hybrid_model": True,
+                # d_inner = 4 heads of 16; q/k of 16 in 2 groups.
+                "mamba_state_dim": 16,
+                "mamba_head_dim": 16,
+                "mamba_num_groups": 2,
+                "mamba_num_heads": 4,
+                "gdp_num_householder": 2,
+            },
+            hybrid_pattern="M*E",
+            gated_delta_product=True,
+        ),
     )
 }
 
@@ -207,10 +265,15 @@ def style_model(name: str) -> StyleModel:
         raise UsageError(f"unknown model {name!r}; known: {', '.join(STYLE_MODELS)}") from None
 
 
+_GDP_MODULE = "megatron.core.ssm.gated_delta_product"
+
+
 def not_on_this_tree(style: StyleModel) -> str:
     """Why the imported Megatron Core cannot build ``style`` ("" when it can)."""
     if style.hyper_connections and _hyper_connection_classes() is None:
         return "this Megatron Core has no HyperConnectionTransformerLayer (mHC: 0.20 / main)"
+    if style.gated_delta_product and importlib.util.find_spec(_GDP_MODULE) is None:
+        return f"this Megatron Core has no GatedDeltaProduct ({_GDP_MODULE}: main)"
     if style.config_kwargs.get("mtp_num_layers"):
         return _mtp_needs_transformer_engine()
     return ""
@@ -267,6 +330,60 @@ def _use_hyper_connections(block_spec: Any) -> None:
         spec.module = layer
         spec.submodules.self_attention_hyper_connection = connection
         spec.submodules.mlp_hyper_connection = connection
+
+
+def _decoder_block_spec(config: Any) -> Any:
+    """MCore's local decoder block spec for ``config``; with a linear-attention variant, MCore's own
+    Gated DeltaNet spec in the layers ``linear_attention_freq`` gives it.
+
+    MCore builds that mix only from Transformer Engine specs: its local spec refuses a config with an
+    attention variant, so the local layers are built from the config without it (a copy: the
+    validated config itself is untouched) and the GDN layers from ``get_gated_delta_net_module_spec``
+    with the local back end. That back end has no fused norm + linear, so the GDN input projection is
+    its plain column-parallel linear and the layer keeps its own input norm (as TE's fused one would
+    compute it).
+    """
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    variant = config.experimental_attention_variant
+    plain = copy.copy(config)
+    plain.experimental_attention_variant = None
+    block_spec = get_gpt_decoder_block_spec(
+        plain, use_transformer_engine=False, normalization=config.normalization
+    )
+    if variant is None:
+        return block_spec
+    from megatron.core.models.gpt.experimental_attention_variant_module_specs import (
+        get_gated_delta_net_module_spec,
+        get_linear_attention_pattern,
+    )
+
+    local = LocalSpecProvider()
+    gdn = get_gated_delta_net_module_spec(config, backend=local)
+    gdn.submodules.in_proj = local.column_parallel_linear()
+    pattern = get_linear_attention_pattern(config)
+    # The local spec shares one layer spec between layers: each GDN layer gets a copy of its own.
+    for index, (layer_spec, linear) in enumerate(zip(block_spec.layer_specs, pattern, strict=True)):
+        if linear:
+            block_spec.layer_specs[index] = layer_spec = copy.deepcopy(layer_spec)
+            layer_spec.submodules.self_attention = gdn
+    return block_spec
+
+
+def _run_linear_attention_helpers_eagerly(module: torch.nn.Module) -> None:
+    """On CPU, the ``torch.compile``d (``jit_fuser``) methods of MCore's SSM-family layers (the Gated
+    DeltaNet's gated norm, kernel-input preparation, decay and beta) run eagerly on each layer: the
+    same functions, without Inductor's C++ builds (seconds per helper, dtype and grad mode), as
+    nemotron-tiny's squared ReLU. Autograd then keeps what eager PyTorch keeps in those helpers."""
+    for layer in module.modules():
+        if not type(layer).__module__.startswith("megatron.core.ssm."):
+            continue
+        for cls in type(layer).__mro__:
+            for name, attribute in vars(cls).items():
+                eager = eager_form(attribute)
+                if eager is not None and name not in vars(layer):
+                    setattr(layer, name, types.MethodType(eager, layer))
 
 
 def kv_channels_dot_product_attention() -> type:
@@ -429,11 +546,14 @@ def core_attention_class(backend: str, mla: bool) -> type | None:
 
 
 def set_core_attention(block_spec: Any, backend: str, mla: bool) -> None:
-    """Put ``backend``'s core attention into every layer spec of ``block_spec``."""
+    """Put ``backend``'s core attention into every layer spec of ``block_spec`` that has one (a Gated
+    DeltaNet layer has none: its attention is the delta rule)."""
     attention_class = core_attention_class(backend, mla)
     if attention_class is not None:
         for layer_spec in block_spec.layer_specs:
-            layer_spec.submodules.self_attention.submodules.core_attention = attention_class
+            submodules = layer_spec.submodules.self_attention.submodules
+            if hasattr(submodules, "core_attention"):
+                submodules.core_attention = attention_class
 
 
 def build_model(
@@ -460,10 +580,7 @@ def build_model(
     (AssertionError / ValueError) for recompute fields it rejects.
     """
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_decoder_block_spec,
-        get_gpt_mtp_block_spec,
-    )
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_mtp_block_spec
 
     style = buildable_model(name)
     seq_length = style.seq_length if seq_length is None else seq_length
@@ -488,9 +605,7 @@ def build_model(
         module = build_hybrid_model(style, config, attention_backend, seq_length)
         module.to(device)
         return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
-    block_spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=False, normalization=config.normalization
-    )
+    block_spec = _decoder_block_spec(config)
     set_core_attention(block_spec, attention_backend, style.mla)
     if style.hyper_connections:
         _use_hyper_connections(block_spec)
@@ -508,11 +623,14 @@ def build_model(
         position_embedding_type="rope",
         **mtp,
     )
+    _run_linear_attention_helpers_eagerly(module)
     module.to(device)
     return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
 
 
-def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
+def hybrid_stack_spec(
+    config: Any, attention_backend: str, gated_delta_product: bool = False
+) -> Any:
     """Megatron Core's hybrid stack spec (``hybrid_layer_specs.hybrid_stack_spec``) with local modules.
 
     MCore ships that spec for Transformer Engine only (its layers' norms are fused into
@@ -520,14 +638,13 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
     provider, as ``get_gpt_layer_local_spec`` builds a GPT layer: the Mamba layer gets its own input
     norm and plain column/row-parallel projections around MCore's ``MambaMixer``; the attention and
     MoE layers are the local GPT layer's attention half and MoE half (``TransformerLayer`` and
-    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention.
+    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention;
+    ``gated_delta_product`` puts a ``GatedDeltaProductMixer`` in the Mamba layer instead.
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-    from megatron.core.models.backends import LocalSpecProvider
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
     from megatron.core.models.hybrid.hybrid_block import HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
-    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import (
         MoETransformerLayer,
@@ -535,7 +652,6 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
         TransformerLayerSubmodules,
     )
 
-    local = LocalSpecProvider()
     dense = get_gpt_layer_local_submodules(normalization=config.normalization)
     moe = get_gpt_layer_local_submodules(
         num_experts=config.num_moe_experts,
@@ -552,13 +668,7 @@ def hybrid_stack_spec(config: Any, attention_backend: str) -> Any:
                 module=MambaLayer,
                 submodules=MambaLayerSubmodules(
                     norm=dense.input_layernorm,
-                    mixer=ModuleSpec(
-                        module=MambaMixer,
-                        submodules=MambaMixerSubmodules(
-                            in_proj=local.column_parallel_linear(),
-                            out_proj=local.row_parallel_linear(),
-                        ),
-                    ),
+                    mixer=_mixer_spec(gated_delta_product),
                     mamba_bda=get_bias_dropout_add,
                 ),
             ),
@@ -611,6 +721,28 @@ def _local_norm_hybrid_stack() -> type:
     return LocalNormHybridStack
 
 
+def _mixer_spec(gated_delta_product: bool) -> Any:
+    """The M layers' mixer with local projections: MCore's ``MambaMixer``, or its
+    ``GatedDeltaProductMixer`` (the head's ``gdp_stack_spec`` puts it in the same ``MambaLayer``)."""
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    local = LocalSpecProvider()
+    projections = {
+        "in_proj": local.column_parallel_linear(),
+        "out_proj": local.row_parallel_linear(),
+    }
+    if gated_delta_product:
+        gdp = importlib.import_module(_GDP_MODULE)
+        return ModuleSpec(
+            module=gdp.GatedDeltaProductMixer,
+            submodules=gdp.GatedDeltaProductMixerSubmodules(**projections),
+        )
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
+
+    return ModuleSpec(module=MambaMixer, submodules=MambaMixerSubmodules(**projections))
+
+
 def build_hybrid_model(
     style: StyleModel, config: Any, attention_backend: str, seq_length: int
 ) -> torch.nn.Module:
@@ -620,7 +752,7 @@ def build_hybrid_model(
 
     return HybridModel(
         config,
-        hybrid_stack_spec(config, attention_backend),
+        hybrid_stack_spec(config, attention_backend, style.gated_delta_product),
         vocab_size=style.vocab_size,
         max_sequence_length=seq_length,
         hybrid_layer_pattern=style.hybrid_pattern,

@@ -36,7 +36,22 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    GPU kernel's autograd function saves) and ``HAVE_MAMBA_SSM`` to True
    (``bind_mamba_kernels()``). ``ExtendedRMSNorm`` is MCore's ``RMSNormGated`` plus a
    distributed-checkpoint ``sharded_state_dict``, which nothing on CPU calls: it is bound to the
-   stand-in norm itself. A name the packages did bind is left alone.
+   stand-in norm itself. A name the packages did bind is left alone. The head's GatedDeltaProduct
+   mixer (``megatron.core.ssm.gated_delta_product``) imports the same convolution and norm and gets
+   the same stand-ins; its constructor also asks causal-conv1d's package version (importing it)
+   whether packed sequences are supported, which is answered yes there: the stand-in convolution
+   refuses packed input (``seq_idx``) itself.
+
+6. Only where flash-linear-attention (fla) is absent: Megatron Core's Gated DeltaNet imports fla's
+   ``causal_conv1d``, ``l2norm`` and ``chunk_gated_delta_rule`` (Triton kernels), binds them to
+   ``None`` without fla, and refuses to build the layer (``HAVE_FLA``); the head's GatedDeltaProduct
+   imports ``l2_norm`` and ``chunk_gated_delta_product`` and leaves them unbound. In each module that
+   names them (``LINEAR_ATTENTION_MODULES``), a name left unbound is bound to its CPU stand-in
+   (``harness.cpu.linear_attention``: autograd keeps what fla's kernels keep, as the fused core
+   attention keeps what flash attention keeps) and ``HAVE_FLA`` then says True. They are kernels:
+   the layers' own code, their output-discard checkpoints (``gdn_norm_out``, ``gdp_in_proj``,
+   ``gdp_qkv``) included, runs unmodified.
+
 7. CUDA streams (``torch.cuda.Stream``, ``torch.cuda.current_stream``, ``torch.cuda.stream``): the
    alltoall token dispatcher copies its split sizes to the host on a side stream and waits on an
    event it records there (``MoEAlltoAllTokenDispatcher``: ``torch.cuda.Stream()`` in ``__init__``,
@@ -67,7 +82,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 
-from harness.cpu import mamba_kernels
+from harness.cpu import linear_attention, mamba_kernels
 from harness.cpu.deferred_compile import upstream_compile
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -105,6 +120,26 @@ MAMBA_STAND_INS: dict[str, Any] = {
     "ExtendedRMSNorm": mamba_kernels.RMSNormGated,
 }
 _FORK_WARNING = "CPU RNG state changed within GPU RNG context"
+# Part 6: the modules that import fla's kernels by name -> those names (Gated DeltaNet: 0.18.2 one
+# module; 0.19 and later a package re-exporting them from ``common``, which ``gdn`` imports them from;
+# GatedDeltaProduct: the head). Absent modules are skipped.
+LINEAR_ATTENTION_MODULES: dict[str, tuple[str, ...]] = {
+    "megatron.core.ssm.gated_delta_net": ("causal_conv1d", "l2norm", "chunk_gated_delta_rule"),
+    "megatron.core.ssm.gated_delta_net.common": (
+        "causal_conv1d",
+        "l2norm",
+        "chunk_gated_delta_rule",
+    ),
+    "megatron.core.ssm.gated_delta_net.gdn": ("causal_conv1d", "chunk_gated_delta_rule"),
+    "megatron.core.ssm.gated_delta_product": ("l2_norm", "chunk_gated_delta_product"),
+}
+LINEAR_ATTENTION_KERNELS: dict[str, Any] = {
+    "causal_conv1d": linear_attention.causal_conv1d,
+    "l2norm": linear_attention.l2norm,
+    "l2_norm": linear_attention.l2_norm,
+    "chunk_gated_delta_rule": linear_attention.chunk_gated_delta_rule,
+    "chunk_gated_delta_product": linear_attention.chunk_gated_delta_product,
+}
 
 _enabled = False
 # Upstream objects as imported, before any patching (drift is measured on these).
@@ -227,7 +262,8 @@ def bind_fp8_disabled_without_te() -> bool:
 
 def bind_mamba_kernels() -> list[str]:
     """Part 5: bind the Mamba mixer's kernel names MCore left unbound to the CPU stand-ins (the names
-    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer)."""
+    bound; [] when the packages are installed or this Megatron Core has no Mamba mixer); the same
+    names in the head's GatedDeltaProduct (``_bind_gated_delta_product_kernels``)."""
     try:
         mixer = importlib.import_module("megatron.core.ssm.mamba_mixer")
     except ImportError:
@@ -247,6 +283,54 @@ def bind_mamba_kernels() -> list[str]:
     if not getattr(mixer, "HAVE_MAMBA_SSM", True):
         setattr(mixer, "HAVE_MAMBA_SSM", True)  # noqa: B010 - a module global mypy cannot see
         bound.append("HAVE_MAMBA_SSM")
+    return bound + _bind_gated_delta_product_kernels()
+
+
+def _packed_sequences_left_to_the_stand_in() -> tuple[bool, None]:
+    """The head's ``check_fla_sequence_packing_support`` where causal-conv1d is absent: the stand-in
+    convolution refuses packed sequences (``seq_idx``) itself, so building the mixer is allowed."""
+    return True, None
+
+
+def _bind_gated_delta_product_kernels() -> list[str]:
+    """Part 5 for the head's GatedDeltaProduct mixer: its ``causal_conv1d_fn`` (None), ``RMSNormGated``
+    and ``ExtendedRMSNorm`` (MagicMocks) and ``HAVE_MAMBA_SSM``, as in the Mamba mixer; and its
+    constructor's causal-conv1d version gate, which imports the package (absent here) to ask whether
+    packed sequences are supported: bound to ``_packed_sequences_left_to_the_stand_in``."""
+    try:
+        gdp = importlib.import_module("megatron.core.ssm.gated_delta_product")
+    except ImportError:
+        return []
+    if gdp.HAVE_MAMBA_SSM or gdp.causal_conv1d_fn is not None:
+        return []  # mamba-ssm or causal-conv1d installed: their kernels and version are real
+    bound = []
+    for name in ("causal_conv1d_fn", "RMSNormGated", "ExtendedRMSNorm"):
+        setattr(gdp, name, MAMBA_STAND_INS[name])
+        bound.append(f"gated_delta_product.{name}")
+    vars(gdp)["HAVE_MAMBA_SSM"] = True
+    vars(gdp)["check_fla_sequence_packing_support"] = _packed_sequences_left_to_the_stand_in
+    return bound
+
+
+def bind_linear_attention_without_fla() -> list[str]:
+    """Part 6: bind fla's kernel names Megatron Core left unbound to the CPU stand-ins; returns the
+    ``module.name`` entries bound (none where fla is installed).
+
+    Unbound: ``None`` (the Gated DeltaNet's fallback), or absent from a module whose ``HAVE_FLA`` says
+    fla failed to import (GatedDeltaProduct binds no fallback)."""
+    bound = []
+    for module_name, names in LINEAR_ATTENTION_MODULES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # a revision without this module
+            continue
+        without_fla = getattr(module, "HAVE_FLA", True) is False
+        for name in names:
+            if getattr(module, name, None) is None and (hasattr(module, name) or without_fla):
+                setattr(module, name, LINEAR_ATTENTION_KERNELS[name])
+                bound.append(f"{module_name}.{name}")
+        if without_fla:
+            vars(module)["HAVE_FLA"] = True
     return bound
 
 
@@ -268,6 +352,7 @@ def enable_cpu_adapter() -> bool:
     logging.getLogger(mcore_random.__name__).addFilter(_DropForkWarning())
     bind_fp8_disabled_without_te()
     bind_mamba_kernels()
+    bind_linear_attention_without_fla()
     _enabled = True
     return True
 

@@ -56,7 +56,19 @@ def _deferred_compile(model: Any = None, **options: Any) -> Any:
             compiled = upstream_compile()(model, **options)
         return compiled(*args, **kwargs)
 
+    first_call_compiles.__dict__[_DEFERRED] = True
     return first_call_compiles
+
+
+_DEFERRED = "_recompute_harness_deferred_compile"
+
+
+def eager_form(function: Any) -> Callable[..., Any] | None:
+    """The undecorated function of a deferred ``torch.compile`` decoration; None for anything else
+    (so never on a machine with an NVIDIA driver, where nothing is deferred)."""
+    if getattr(function, _DEFERRED, False):
+        return function.__wrapped__
+    return None
 
 
 def compile_disabled() -> bool:

@@ -39,7 +39,17 @@ OUTSIDE_THE_PROBE = {
         "in-flight micro-batches need a pipeline schedule under torchrun (open, issue 23)"
     ),
 }
-LAYER_KINDS = ("attention", "MLA", "dense MLP", "MoE", "hyper-connections", "Mamba", "MTP")
+LAYER_KINDS = (
+    "attention",
+    "MLA",
+    "Gated DeltaNet",
+    "GatedDeltaProduct",
+    "dense MLP",
+    "MoE",
+    "hyper-connections",
+    "Mamba",
+    "MTP",
+)
 
 
 @dataclass
@@ -94,11 +104,16 @@ def _layer_kinds(model: str) -> set[str]:
         type(m).__name__ == "MLP" and name.endswith(".mlp") for name, m in module.named_modules()
     ):
         kinds.add("dense MLP")
+    if "GatedDeltaNet" in names:
+        kinds.add("Gated DeltaNet")
+    if "GatedDeltaProductMixer" in names:
+        kinds.add("GatedDeltaProduct")
     if "MoELayer" in names:
         kinds.add("MoE")
     if "HyperConnectionModule" in names:
         kinds.add("hyper-connections")
-    if any("Mamba" in name for name in names):
+    # The Mamba-2 mixer itself: a GatedDeltaProduct mixer sits in a MambaLayer too.
+    if "MambaMixer" in names:
         kinds.add("Mamba")
     if any("MultiTokenPrediction" in name for name in names):
         kinds.add("MTP")

@@ -38,6 +38,8 @@ from typing import Any
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.distributed._tools.mod_tracker import ModTracker
+from torch.utils._pytree import tree_map_only
 
 from harness.cpu.adapter import reseed, source_digest
 from harness.models import TinyModel
@@ -51,6 +53,30 @@ _PEAK_FORWARD, _PEAK_BACKWARD = "Peak-Forward", "Peak-Backward"
 _TOTAL = "Total"  # MemTracker's per-device total key (its _TOTAL_KEY)
 _MODULE_DEPTH = 4  # decoder.layers.<i>.<child>: per layer and per layer part
 _CPU = torch.device("cpu")
+
+
+def _without_no_grad_views(arg: torch.Tensor) -> torch.Tensor:
+    # A view made in no-grad mode of a tensor that requires grad says requires_grad but has no
+    # gradient edge: torch's ModTracker asserts on it ("Expected gradient function to be set"). No
+    # gradient can reach it, so a backward hook on it could never fire; detached, the tracker sees
+    # the same storage and hooks the module's other inputs.
+    if arg.requires_grad and arg.grad_fn is None and arg._is_view():
+        return arg.detach()
+    return arg
+
+
+class _ModTracker(ModTracker):
+    """torch's module tracker, told of a module's inputs without no-grad views: MCore's Gated DeltaNet
+    reshapes inside its output-discard checkpoint's forward (no-grad) before calling its norm."""
+
+    def _fw_pre_hook(self, mod: torch.nn.Module, input: object) -> None:
+        super()._fw_pre_hook(mod, tree_map_only(torch.Tensor, _without_no_grad_views, input))
+
+
+class _MemTracker(MemTracker):
+    def __init__(self) -> None:
+        super().__init__()
+        self._mod_tracker = _ModTracker()
 
 
 @dataclass(frozen=True)
@@ -96,7 +122,7 @@ _REVIEWED_MEMTRACKER = {
 }
 
 
-class _IndexedMemTracker(MemTracker):
+class _IndexedMemTracker(_MemTracker):
     """``MemTracker`` whose per-operator peak update visits the active modules through an index by
     name. Upstream's ``_update_peak_stats`` walks every tracked module (a weak dictionary) after every
     operator to find those whose name is among ``_mod_tracker.parents``; each module's update reads
@@ -144,7 +170,7 @@ def _memtracker_is_reviewed() -> bool:
 
 def memory_tracker() -> MemTracker:
     """A fresh tracker: the indexed one where torch's methods are the reviewed ones."""
-    return _IndexedMemTracker() if _memtracker_is_reviewed() else MemTracker()
+    return _IndexedMemTracker() if _memtracker_is_reviewed() else _MemTracker()
 
 
 def _phase_peak(snapshot: dict[str, int], carried: PhasePeak | None = None) -> PhasePeak:

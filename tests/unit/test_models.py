@@ -58,7 +58,18 @@ def test_the_mhc_model_is_built_only_where_megatron_core_has_hyper_connections(c
 
     has_them = hasattr(layers, "HyperConnectionTransformerLayer")
     assert ("mhc-tiny" in buildable_models()) is has_them
-    assert set(buildable_models()) | {"mhc-tiny"} == set(STYLE_MODELS)  # every other model, always
+    # every other model, always (gdp-tiny: the test below)
+    assert set(buildable_models()) | {"mhc-tiny", "gdp-tiny"} == set(STYLE_MODELS)
+
+
+def test_the_gdp_model_is_built_only_where_megatron_core_has_gated_delta_product(cpu_group):
+    import importlib.util
+
+    has_it = importlib.util.find_spec("megatron.core.ssm.gated_delta_product") is not None
+    assert ("gdp-tiny" in buildable_models()) is has_it
+    if not has_it:
+        with pytest.raises(UsageError, match="has no GatedDeltaProduct"):
+            build_model("gdp-tiny", RecomputeFields.selective())
 
 
 def test_sizes_are_overridable(cpu_group):
@@ -83,6 +94,20 @@ def test_nonsense_sizes_are_usage_errors(sizes, problem):
 def test_unknown_model_is_a_usage_error():
     with pytest.raises(UsageError, match="unknown model 'llama-huge'"):
         style_model("llama-huge")
+
+
+def test_gdn_shape(cpu_group):
+    from megatron.core.ssm.gated_delta_net import GatedDeltaNet
+    from megatron.core.transformer.attention import SelfAttention
+
+    model = build_model("gdn-tiny", RecomputeFields.selective())
+    first, second = model.module.decoder.layers
+    # linear_attention_freq 2: Gated DeltaNet, then standard attention (each spec its own).
+    assert isinstance(first.self_attention, GatedDeltaNet)
+    assert isinstance(second.self_attention, SelfAttention)
+    # The local back end has no fused norm + linear: the GDN layer keeps its own input norm.
+    assert type(first.input_layernorm) is type(second.input_layernorm)
+    assert first.self_attention.num_value_heads == 2 * first.self_attention.num_key_heads
 
 
 def test_nemotron_h_is_megatron_cores_hybrid_model_of_its_pattern(cpu_group):

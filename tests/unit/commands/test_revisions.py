@@ -51,15 +51,20 @@ def test_each_revision_matches_its_committed_goldens(revision):
     assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
     probe = harness(tree, "probe", "--all", "--check-golden")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
-    # fp32 and bf16 of the five style models each tree can build: mhc-tiny needs the head's
-    # hyper-connections; the head's MTP layer cannot be built without Transformer Engine.
-    assert probe.stdout.count(": matches cpu-probe-") == 2 * 5
+    # fp32 and bf16 of the style models each tree can build: mhc-tiny and gdp-tiny need the head's
+    # hyper-connections and GatedDeltaProduct; the head's MTP layer cannot be built without
+    # Transformer Engine.
+    assert probe.stdout.count(": matches cpu-probe-") == 2 * (8 if revision == "head" else 7)
     if revision != "head":
         assert (
             "\nnot probed here: mhc-tiny: this Megatron Core has no HyperConnection" in probe.stdout
         )
+        assert "\nnot probed here: gdp-tiny: this Megatron Core has no GatedDeltaProduct" in (
+            probe.stdout
+        )
     else:
         assert "mhc-tiny: matches cpu-probe-mhc-tiny__" in probe.stdout
+        assert "gdp-tiny: matches cpu-probe-gdp-tiny__" in probe.stdout
         assert "\nnot probed here: mtp-tiny: requires-TE: " in probe.stdout
 
 
