@@ -47,9 +47,16 @@ def describe_unmeasured(entry: dict[str, Any]) -> str:
 
 
 def unmeasured_everywhere(probes: list[ModelProbe]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
-    """label -> [(model pass, entry)] for the labels that no probed model exercises."""
+    """label -> [(model pass, entry)] for the labels (and full-recompute rows) that no probed model
+    exercises: a full row one model refuses (MTP wants recompute_num_layers 1) and another measures
+    is measured."""
     exercised = {
         row.label for probe in probes for row in single_label_rows(probe) if row.status == EFFECTIVE
+    } | {
+        row.label
+        for probe in probes
+        for row in probe.rows
+        if row.fields.granularity == "full" and row.measured
     }
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for probe in probes:
