@@ -32,6 +32,7 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.attention import ATTENTION_BACKENDS, fused_core_attention
 from harness.cpu.deferred_compile import eager_form
 from harness.errors import UsageError
+from harness.matrix.space import GATED_DELTA_NET
 
 
 @dataclass(frozen=True)
@@ -138,14 +139,7 @@ STYLE_MODELS: dict[str, StyleModel] = {
                 **_COMMON,
                 **_DENSE,
                 "num_layers": 2,
-                "experimental_attention_variant": "gated_delta_net",
-                "linear_attention_freq": 2,
-                "linear_conv_kernel_dim": 4,
-                "linear_key_head_dim": 16,
-                "linear_value_head_dim": 16,
-                # Fewer key than value heads: MCore repeats q and k per value head, as in Qwen3-Next.
-                "linear_num_key_heads": 2,
-                "linear_num_value_heads": 4,
+                **GATED_DELTA_NET,
             },
         ),
         StyleModel(

@@ -53,7 +53,10 @@ RARE_OPTIONS: frozenset[tuple[str, str]] = frozenset(
 RARE_CHANCE = 0.1
 
 _MOE = {"num_moe_experts": 4, "add_bias_linear": False}
-_GDN = {
+# The smallest Gated DeltaNet mix the validator accepts (GDN, then standard attention); the probe's
+# gdn-tiny is built on it too (harness/models.py). Fewer key than value heads: MCore repeats q and k
+# per value head, as in Qwen3-Next.
+GATED_DELTA_NET: dict[str, Any] = {
     "experimental_attention_variant": "gated_delta_net",
     "linear_attention_freq": 2,
     "linear_conv_kernel_dim": 4,
@@ -85,7 +88,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
             "moe_pad_expert_input_to_capacity": True,
         },
         "mla": {"multi_latent_attention": True},
-        "gdn": dict(_GDN),
+        "gdn": dict(GATED_DELTA_NET),
     },
     "precision": {
         "bf16": {"bf16": True},
