@@ -185,28 +185,31 @@ def _resident_bytes() -> int:
 def _trains_within(model, seconds: float) -> bool:
     """One forward+backward finishes within ``seconds`` and without growing the process by 512 MiB (a
     SIGALRM every 50 ms interrupts the Python-level loop). The growth bound matters: the hang below
-    saves RNG states on every turn of its loop and took a worker to 19 GB in a loaded tier."""
+    saves RNG states on every turn of its loop and took a worker to 19 GB in a loaded tier. Every tick
+    past a bound raises again until the step is over: a raise that lands where something swallows it
+    (one did, and a worker grew to 23 GB) is followed by the next."""
     deadline = time.monotonic() + seconds
     start = _resident_bytes()
-    fired = False
+    over = False
 
     def interrupt(*_):
-        # Once only: a tick that lands after the step returned, or in the clean-up below, is ignored.
-        nonlocal fired
-        if not fired and (
+        # A tick that lands after the step returned, or in the clean-up below, is ignored.
+        if not over and (
             time.monotonic() > deadline or _resident_bytes() - start > _GROWTH_LIMIT_BYTES
         ):
-            fired = True
             raise _Interrupted
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
     try:
         model.loss(model.batch()).backward()
+        over = True
         return True
     except _Interrupted:
+        over = True
         return False
     finally:
+        over = True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
 
