@@ -80,6 +80,36 @@ def _fp8_output_discard(c: ConfigView) -> bool:
     return bool(c["fp8"]) and (c.selective("moe_act") or c.selective("layernorm"))
 
 
+# Offload modules inside the MoE forward: a whole-``moe`` checkpoint and local partial-MoE graphs
+# both reason about them (MCore's own set, in two checks).
+_MOE_INTERNAL_OFFLOADS = frozenset({"expert_fc1", "moe_act", "fused_group_mlp"})
+
+
+def _fine_grained_offloading(c: ConfigView) -> bool:
+    return bool(c.optional("fine_grained_activation_offloading"))
+
+
+def _offload_modules(c: ConfigView) -> frozenset[str]:
+    return frozenset(c.optional("offload_modules") or ())
+
+
+def _graphs_fit_fine_grained_offloading(c: ConfigView) -> bool:
+    """TE or full-iteration graphs, or local graphs that offload only inside an uncaptured MoE."""
+    if c.cuda_graph_impl in ("transformer_engine", "full_iteration"):
+        return True
+    offloads = _offload_modules(c)
+    return (
+        c.cuda_graph_impl == "local"
+        and bool(offloads)
+        and offloads <= _MOE_INTERNAL_OFFLOADS
+        and "moe" not in c.cuda_graph_modules
+    )
+
+
+def _negative_or_unset(value: int | None) -> bool:
+    return value is None or value < 0
+
+
 def _all_moe_layers(c: ConfigView) -> bool:
     freq = c["moe_layer_freq"]
     return freq == 1 or (isinstance(freq, list) and 0 not in freq)
@@ -107,6 +137,17 @@ RULES: tuple[Rule, ...] = (
         MCORE_PARALLEL,
         lambda c: c["pipeline_model_parallel_size"] > 1 and c["pipeline_dtype"] is None,
         r"pipeline_dtype must be specified",
+        "ValueError",
+    ),
+    Rule(
+        "precision.fp4-vs-fp8",
+        ("fp4", "fp8"),
+        "FP4 and FP8 both set",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: bool(c.optional("fp4")) and bool(c["fp8"]),
+        r"fp4 and fp8 cannot be used simultaneously",
         "ValueError",
     ),
     Rule(
@@ -376,6 +417,58 @@ RULES: tuple[Rule, ...] = (
             "recompute_modules": c.modules + ([] if "moe" in c.modules else ["moe"]),
         },
     ),
+    # --- fine-grained activation offloading (reached by the space derived from the validator) --------
+    Rule(
+        "offload.fine-grained-vs-cpu-offloading",
+        ("fine_grained_activation_offloading", "cpu_offloading"),
+        "fine-grained activation offloading with cpu_offloading",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: _fine_grained_offloading(c) and c["cpu_offloading"],
+        r"fine_grained_activation_offloading cannot be enabled with cpu_offloading",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fine-grained-vs-moe-recompute",
+        (
+            "fine_grained_activation_offloading",
+            "offload_modules",
+            "recompute_granularity",
+            "recompute_modules",
+        ),
+        "selective moe while offloading inside the MoE (expert_fc1, moe_act, fused_group_mlp): "
+        "the checkpoint already drops those activations",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _fine_grained_offloading(c)
+            and c.selective("moe")
+            and bool(_offload_modules(c) & _MOE_INTERNAL_OFFLOADS)
+        ),
+        r"Cannot offload .* while recomputing the entire MoE layer",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fused-group-mlp-needs-te-op-fuser",
+        (
+            "fine_grained_activation_offloading",
+            "offload_modules",
+            "use_transformer_engine_op_fuser",
+        ),
+        "offloading fused_group_mlp without Transformer Engine's op fuser",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _fine_grained_offloading(c)
+            and "fused_group_mlp" in _offload_modules(c)
+            and not c.optional("use_transformer_engine_op_fuser")
+        ),
+        r"fused_group_mlp requires use_transformer_engine_op_fuser",
+        "ValueError",
+    ),
     Rule(
         "moe.fp8-needs-te",
         ("num_moe_experts", "fp8", "transformer_engine"),
@@ -553,6 +646,104 @@ RULES: tuple[Rule, ...] = (
             and "moe" in c.modules
         ),
         r"moe_input_jitter_eps is not supported with graphed moe recomputation",
+        "AssertionError",
+    ),
+    Rule(
+        "cuda-graph.gtp-shared-experts-recompute-under-low-precision",
+        (
+            "gtp_weight_remat_size",
+            "cuda_graph_impl",
+            "cuda_graph_modules",
+            "fp8",
+            "fp4",
+            "moe_shared_expert_intermediate_size",
+            "moe_shared_expert_overlap",
+            "recompute_modules",
+        ),
+        "selective shared_experts captured by local MoE / router graphs under FP8 or FP4 with GTP "
+        "weight rematerialisation (te_checkpoint needs .backward(), the graph warmup uses .grad())",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _graphed_selective(c)
+            and (c.optional("gtp_weight_remat_size") or 1) > 1
+            and c.cuda_graph_impl == "local"
+            and bool(c["fp8"] or c.optional("fp4"))
+            and c["moe_shared_expert_intermediate_size"] is not None
+            and not c["moe_shared_expert_overlap"]
+            and (c.graphed("moe") or c.graphed("moe_router"))
+            and "shared_experts" in c.modules
+        ),
+        r"GTP \+ local CUDA graphs that capture shared_experts",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fine-grained-local-graphs-vs-whole-layer",
+        ("fine_grained_activation_offloading", "cuda_graph_impl", "cuda_graph_modules"),
+        "fine-grained activation offloading under whole-layer local CUDA graphs",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _fine_grained_offloading(c)
+            and c.cuda_graph_impl == "local"
+            and _offload_modules(c) <= _MOE_INTERNAL_OFFLOADS
+            and not c.cuda_graph_modules
+        ),
+        r"fine-grained activation offloading with cuda_graph_impl='local' is not supported with "
+        r"whole-layer CUDA graph capture",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fine-grained-graphs-need-te-or-partial-moe",
+        (
+            "fine_grained_activation_offloading",
+            "offload_modules",
+            "cuda_graph_impl",
+            "cuda_graph_modules",
+        ),
+        "fine-grained activation offloading under local CUDA graphs that capture the MoE",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _fine_grained_offloading(c)
+            and _graphs_on(c)
+            and not _graphs_fit_fine_grained_offloading(c)
+        ),
+        r"fine-grained activation offloading is only supported with transformer_engine CUDA graph",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fine-grained-vs-graphed-moe",
+        ("fine_grained_activation_offloading", "cuda_graph_impl", "cuda_graph_modules"),
+        "fine-grained activation offloading with the MoE scope captured (token-drop MoE)",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: _fine_grained_offloading(c) and _graphs_on(c) and "moe" in c.cuda_graph_modules,
+        r"Token-drop MoE is temporarily not supported with activation offloading",
+        "AssertionError",
+    ),
+    Rule(
+        "offload.fine-grained-full-iteration-needs-inflight-bound",
+        (
+            "fine_grained_activation_offloading",
+            "cuda_graph_impl",
+            "fine_grained_offloading_max_inflight_offloads",
+        ),
+        "fine-grained activation offloading under full-iteration graphs without a bound on "
+        "in-flight offloads",
+        "reject",
+        VALIDATOR,
+        MCORE_CONFIG,
+        lambda c: (
+            _fine_grained_offloading(c)
+            and c.cuda_graph_impl == "full_iteration"
+            and _negative_or_unset(c.optional("fine_grained_offloading_max_inflight_offloads"))
+        ),
+        r"fine_grained_offloading_max_inflight_offloads must be a non-negative integer",
         "AssertionError",
     ),
     # --- expert-parallel all-to-all overlap --------------------------------------------------------

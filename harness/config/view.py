@@ -52,6 +52,10 @@ class ConfigView:
     def __getitem__(self, name: str) -> Any:
         return self._fields[name] if name in self._fields else self._defaults[name]
 
+    def optional(self, name: str) -> Any:
+        """A field newer than the oldest supported revision: ``None`` where this revision lacks it."""
+        return self[name] if name in self._fields or name in self._defaults else None
+
     def selective(self, label: str) -> bool:
         """``label`` is requested under selective granularity."""
         return self.granularity == "selective" and label in self.modules

@@ -1,6 +1,6 @@
 """The drift report of ``matrix --check``: what a reviewer must change after a Megatron Core bump.
 
-Three findings, each named once:
+Four findings, each named once:
 - rules that can no longer fire on this revision: a validator rule whose message pattern matches no
   string literal in the MCore sources the fingerprint covers (the check was removed or reworded, or
   the label it guards is gone, as ``gdn_norm_out`` is on 0.18.2);
@@ -8,7 +8,9 @@ Three findings, each named once:
   not know yet, as ``mhc`` on the development head);
 - disagreements grouped by cause: one entry per (predicted rule, MCore's rule or unclassified
   message), with how many sampled configs hit it and one config minimised to a fixed point. An
-  unclassified message is shown with the TransformerConfig fields it names and the files to edit.
+  unclassified message is shown with the TransformerConfig fields it names and the files to edit;
+- fields a recompute check of the validator reads that the configuration space cannot set
+  (``harness.matrix.space.unreachable_fields``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from harness.config.validate import config_classes, config_defaults
 from harness.matrix import space as space_module
 from harness.matrix.check import Disagreement, compare, minimize
 from harness.matrix.oracle import Oracle
-from harness.matrix.space import DIMENSIONS, Scenario, sample_scenarios
+from harness.matrix.space import Scenario, dimensions, sample_scenarios, unreachable_fields
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -213,7 +215,7 @@ def _in_space(field_name: str) -> bool:
     if field_name == "recompute_modules":  # every scenario sets it (``Scenario.modules``)
         return True
     return any(
-        field_name in fields for options in DIMENSIONS.values() for fields in options.values()
+        field_name in fields for options in dimensions().values() for fields in options.values()
     )
 
 
@@ -259,6 +261,7 @@ def drift_report(
     causes = grouped_disagreements(scenarios, oracle)
     dead = dead_rules()
     unruled = labels_without_rules(oracle.labels)
+    unreachable = unreachable_fields()
     elapsed = time.perf_counter() - started
     mcore = collect_revisions()["megatron_core"]
     total = sum(cause.count for cause in causes)
@@ -271,12 +274,16 @@ def drift_report(
         "causes": [cause.report() for cause in causes],
         "dead_rules": [rule.report() for rule in dead],
         "labels_without_rules": list(unruled),
+        "fields_out_of_space": [
+            {"field": name, "read_by": list(where)} for name, where in unreachable.items()
+        ],
     }
     lines = [
         (
             f"checked {len(scenarios)} configurations against megatron-core {mcore['version']} "
             f"(fingerprint {mcore['fingerprint']}) in {elapsed:.1f}s: {total} disagreements "
-            f"({len(causes)} causes), {len(dead)} rules that can no longer fire, {len(unruled)} labels no rule names"
+            f"({len(causes)} causes), {len(dead)} rules that can no longer fire, {len(unruled)} labels no rule names, "
+            f"{len(unreachable)} fields out of the space"
         )
     ]
     if dead:
@@ -287,5 +294,11 @@ def drift_report(
             f"labels the validator accepts that no rule names: {', '.join(unruled)} (add the rules MCore "
             f"enforces for them to {RULES_FILE}; the probe lists labels no style model exercises)"
         )
+    if unreachable:
+        lines.append(
+            "fields a recompute check of the validator reads that the configuration space cannot set "
+            f"(no listed option, no value its conditions compare it with; add an option to {SPACE_FILE}):"
+        )
+        lines += [f"  {name}: read by {', '.join(where)}" for name, where in unreachable.items()]
     lines += [f"cause {number}: {cause.report()}" for number, cause in enumerate(causes, 1)]
-    return lines, bool(causes or dead or unruled), summary
+    return lines, bool(causes or dead or unruled or unreachable), summary

@@ -9,12 +9,15 @@ The Hypothesis strategies (tests) and the seeded sampler (``matrix --check``, be
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 import torch
+
+from harness.matrix.validator_reads import RecomputeCheck, recompute_checks
 
 # Labels outside the accepted set: a made-up one, a case variant, an empty item.
 UNKNOWN_LABELS: tuple[str, ...] = ("not_a_label", "MLP", "")
@@ -169,6 +172,55 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
+DERIVED_BASELINE = (
+    "default"  # a derived dimension's baseline: its fields at their declared defaults
+)
+# Options of one derived dimension at most (a product of the values its check compares fields with).
+MAX_DERIVED_OPTIONS = 8
+
+
+def _listed_fields() -> frozenset[str]:
+    return frozenset(
+        name for options in DIMENSIONS.values() for fields in options.values() for name in fields
+    )
+
+
+def _unlisted(check: RecomputeCheck) -> dict[str, tuple[Any, ...]]:
+    listed = _listed_fields()
+    return {name: values for name, values in check.values if name not in listed}
+
+
+@cache
+def dimensions() -> dict[str, dict[str, dict[str, Any]]]:
+    """``DIMENSIONS``, then a dimension per recompute check of the installed validator that reads
+    fields no listed option sets (``harness.matrix.validator_reads``): its options set those fields
+    together, to the values the check's conditions compare them with, so a check that appears on a
+    bump is sampled without an edit here."""
+    derived: dict[str, dict[str, dict[str, Any]]] = {}
+    for check in recompute_checks():
+        unlisted = _unlisted(check)
+        if not unlisted or not all(unlisted.values()):
+            continue
+        options = derived.setdefault("+".join(unlisted), {DERIVED_BASELINE: {}})
+        for combination in itertools.islice(
+            itertools.product(*unlisted.values()), MAX_DERIVED_OPTIONS
+        ):
+            fields = dict(zip(unlisted, combination, strict=True))
+            options.setdefault(", ".join(f"{k}={v!r}" for k, v in fields.items()), fields)
+    return {**DIMENSIONS, **derived}
+
+
+def unreachable_fields() -> dict[str, tuple[str, ...]]:
+    """Fields a recompute check reads that the space cannot set (none listed, no value derivable),
+    each with the checks (``RecomputeCheck.where``) that read it."""
+    found: dict[str, list[str]] = {}
+    for check in recompute_checks():
+        for name, values in _unlisted(check).items():
+            if not values:
+                found.setdefault(name, []).append(check.where)
+    return {name: tuple(where) for name, where in found.items()}
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One option per dimension, plus ``recompute_modules`` (None = unset)."""
@@ -178,13 +230,13 @@ class Scenario:
 
     @classmethod
     def baseline(cls) -> Scenario:
-        return cls(tuple((dim, next(iter(opts))) for dim, opts in DIMENSIONS.items()), None)
+        return cls(tuple((dim, next(iter(opts))) for dim, opts in dimensions().items()), None)
 
     def fields(self) -> dict[str, Any]:
         """TransformerConfig keyword arguments (on top of the validator's base model)."""
         fields: dict[str, Any] = {}
         for dimension, option in self.options:
-            fields.update(DIMENSIONS[dimension][option])
+            fields.update(dimensions()[dimension][option])
         if self.modules is not None:
             fields["recompute_modules"] = list(self.modules)
         return fields
@@ -201,14 +253,15 @@ class Scenario:
 @cache
 def options_of(dimension: str) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """``(baseline, common options, rare options)`` of a dimension."""
-    baseline, *others = DIMENSIONS[dimension]
+    baseline, *others = dimensions()[dimension]
     rare = tuple(option for option in others if (dimension, option) in RARE_OPTIONS)
     return baseline, tuple(option for option in others if option not in rare), rare
 
 
 def _draw(rng: random.Random, dimension: str) -> str:
     baseline, common, rare = options_of(dimension)
-    chance = FEATURE_BASELINE_CHANCE if dimension in FEATURE_DIMENSIONS else BASELINE_CHANCE
+    feature = dimension in FEATURE_DIMENSIONS
+    chance = FEATURE_BASELINE_CHANCE if feature else BASELINE_CHANCE
     if dimension not in ALWAYS_DRAWN and rng.random() < chance:
         return baseline
     if rare and rng.random() < RARE_CHANCE:
@@ -228,7 +281,7 @@ def sample_scenarios(count: int, labels: frozenset[str], seed: int = 0) -> list[
 
     scenarios = []
     for _ in range(count):
-        options = tuple((dimension, _draw(rng, dimension)) for dimension in DIMENSIONS)
+        options = tuple((dimension, _draw(rng, dimension)) for dimension in dimensions())
         unset = rng.random() < UNSET_MODULES_CHANCE
         modules = None if unset else tuple(label() for _ in range(rng.randint(0, MAX_LABELS)))
         scenarios.append(Scenario(options, modules))
