@@ -83,6 +83,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "dense": {"add_bias_linear": False},
         "moe": dict(_MOE),
         "moe-grouped-gemm": {**_MOE, "moe_grouped_gemm": True},
+        "moe-te-op-fuser": {**_MOE, "use_transformer_engine_op_fuser": True},
         "moe-shared-experts": {**_MOE, "moe_shared_expert_intermediate_size": 64},
         "moe-mixed-dense": {**_MOE, "moe_layer_freq": [0, 1, 1, 1]},
         "moe-drop-pad": {
@@ -96,6 +97,7 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
     "precision": {
         "bf16": {"bf16": True},
         "fp32": {},
+        "fp16": {"fp16": True},
         "fp8-delayed": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "delayed"},
         "fp8-tensorwise": {"bf16": True, "fp8": "e4m3", "fp8_recipe": "tensorwise"},
     },
@@ -120,6 +122,11 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
             "cuda_graph_modules": ["moe", "moe_router"],
         },
         "full-iteration": {"cuda_graph_impl": "full_iteration", "cuda_graph_modules": []},
+        "full-iteration-offload-bound": {
+            "cuda_graph_impl": "full_iteration",
+            "cuda_graph_modules": [],
+            "fine_grained_offloading_max_inflight_offloads": 2,
+        },
         "full-iteration-attn": {
             "cuda_graph_impl": "full_iteration",
             "cuda_graph_modules": ["attn"],
@@ -159,6 +166,11 @@ DIMENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "tp1-sp": {"sequence_parallel": True},
         "pp2": {"pipeline_model_parallel_size": 2, "pipeline_dtype": torch.bfloat16},
         "pp2-no-dtype": {"pipeline_model_parallel_size": 2},
+        "pp2-vpp2": {
+            "pipeline_model_parallel_size": 2,
+            "pipeline_dtype": torch.bfloat16,
+            "virtual_pipeline_model_parallel_size": 2,
+        },
     },
     "distribute_saved_activations": _values("distribute_saved_activations", False, True),
     "cpu_offloading": {

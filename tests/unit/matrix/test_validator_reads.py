@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 from harness.config.revisions import megatron_core_root
+from harness.config.rules import RULES
+from harness.config.validate import BASE_MODEL
 from harness.matrix.space import DIMENSIONS, dimensions, unreachable_fields
 from harness.matrix.validator_reads import recompute_checks
 
@@ -100,3 +102,24 @@ def test_a_check_a_bump_adds_is_sampled_or_named_without_an_edit_to_the_space(tm
         "harness_trial_flag=True" in cause and "selective recompute is refused" in cause
         for cause in summary["causes"]
     ), summary["causes"]
+
+
+# What a rule may read that no option sets: the Transformer Engine version the oracle is given (not a
+# config field) and the fields of the validator's base model, which every scenario builds on.
+_NOT_CONFIG_FIELDS = {"transformer_engine"}
+
+
+def test_the_space_sets_every_field_a_matrix_rule_reads():
+    settable = {
+        name for options in dimensions().values() for fields in options.values() for name in fields
+    }
+    for rule in RULES:
+        if rule.predicate is None:
+            continue
+        unset = {
+            name
+            for name in rule.reads
+            if not name.startswith("recompute_")
+            and name not in settable | _NOT_CONFIG_FIELDS | set(BASE_MODEL)
+        }
+        assert not unset, f"{rule.id} reads {sorted(unset)}, which no option of the space sets"
