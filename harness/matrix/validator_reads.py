@@ -79,9 +79,11 @@ class _Reader:
         if function is None or not inspect.isfunction(function):
             return
         lines, first_line = inspect.getsourcelines(function)
-        tree = ast.parse(textwrap.dedent("".join(lines)))
+        definition = ast.parse(textwrap.dedent("".join(lines))).body[0]
+        if not isinstance(definition, ast.FunctionDef):
+            return
         owner = function.__qualname__.split(".")[0]
-        self._block(tree.body[0].body, [], {}, f"{owner}.{method_name}", first_line - 1)  # type: ignore[attr-defined]
+        self._block(definition.body, [], {}, f"{owner}.{method_name}", first_line - 1)
 
     def _reads(self, node: ast.AST, local: Locals) -> set[str]:
         read: set[str] = set()
@@ -259,8 +261,12 @@ def recompute_checks() -> tuple[RecomputeCheck, ...]:
     """Every recompute check of the installed validator, in source order per method."""
     checks: dict[str, RecomputeCheck] = {}
     for config_class in config_classes():
-        reader = _Reader(config_class, frozenset(item.name for item in fields(config_class)))
-        reader.read_method("__post_init__")
-        for check in reader.checks:
-            checks.setdefault(check.where, check)
+        names = frozenset(item.name for item in fields(config_class))
+        # Each class's own ``__post_init__`` (they chain through ``super()``), most derived first.
+        for owner in config_class.__mro__:
+            if "__post_init__" in vars(owner):
+                reader = _Reader(owner, names)
+                reader.read_method("__post_init__")
+                for check in reader.checks:
+                    checks.setdefault(check.where, check)
     return tuple(checks.values())
