@@ -65,8 +65,8 @@ def estimate():
     arch = replace(arch, style=replace(arch.style, config_kwargs={**arch.config, **SHRUNK}))
     init_cpu_parallel_state()
     with pytest.MonkeyPatch.context() as patch:
-        # MCore's compiled helpers (the router's expert-bias update) run eagerly, as in the ranks
-        # the estimate starts (measure_recipe's environment): no Inductor build inside the test.
+        # MCore's torch.compile'd helpers run eagerly, as in the ranks the estimate starts
+        # (measure_recipe's environment): otherwise their first call builds with Inductor (~25 s).
         patch.setenv("TORCH_COMPILE_DISABLE", "1")
         measured = measure_kinds(
             arch,
