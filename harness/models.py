@@ -630,15 +630,16 @@ def hybrid_stack_spec(
     MCore ships that spec for Transformer Engine only (its layers' norms are fused into
     ``TELayerNormColumnParallelLinear``). The same layer classes are built here from the local
     provider, as ``get_gpt_layer_local_spec`` builds a GPT layer: the Mamba layer gets its own input
-    norm and plain column/row-parallel projections around MCore's ``MambaMixer``; the attention and
-    MoE layers are the local GPT layer's attention half and MoE half (``TransformerLayer`` and
-    ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention;
+    norm and plain column/row-parallel projections around MCore's ``MambaMixer``; the attention,
+    MLP and MoE layers are the local GPT layer's attention half, dense MLP half and MoE half
+    (``TransformerLayer``, ``MLPLayer`` and ``MoETransformerLayer``, as in the TE spec). ``attention_backend`` picks the core attention;
     ``gated_delta_product`` puts a ``GatedDeltaProductMixer`` in the Mamba layer instead.
     """
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_submodules
     from megatron.core.models.hybrid.hybrid_block import HybridStackSubmodules
     from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mlp_layer import MLPLayer
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_layer import (
         MoETransformerLayer,
@@ -672,6 +673,14 @@ def hybrid_stack_spec(
                     input_layernorm=dense.input_layernorm,
                     self_attention=dense.self_attention,
                     self_attn_bda=get_bias_dropout_add,
+                ),
+            ),
+            mlp_layer=ModuleSpec(
+                module=MLPLayer,
+                submodules=TransformerLayerSubmodules(
+                    pre_mlp_layernorm=dense.pre_mlp_layernorm,
+                    mlp=dense.mlp,
+                    mlp_bda=get_bias_dropout_add,
                 ),
             ),
             moe_layer=ModuleSpec(

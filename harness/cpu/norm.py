@@ -53,3 +53,29 @@ class FusedRMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _RMSNorm.apply(x, self.weight, self.eps)
+
+
+def norm_column_parallel_linear() -> type:
+    """``NormColumnParallelLinear``: TE's ``TELayerNormColumnParallelLinear`` (RMSNorm) on CPU.
+
+    Megatron Core's TE hybrid spec fuses the attention (and MLP) layers' norm into the following
+    column-parallel linear and leaves the layer's own norm an ``IdentityOp``; ``TransformerLayer``
+    then never sets ``recompute_input_layernorm`` there, so ``layernorm`` does not reach those
+    layers on a GPU. The same placement on CPU keeps that decision MCore's. Bytes: TE's module keeps
+    the norm's input, ``rsigma`` and the norm's output (the GEMM's input); ``FusedRMSNorm`` followed
+    by MCore's ``ColumnParallelLinear`` keeps exactly those. Built lazily: MCore is imported only
+    when a layer is built.
+    """
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    class NormColumnParallelLinear(ColumnParallelLinear):
+        def __init__(
+            self, input_size: int, output_size: int, *, config: Any, **kwargs: Any
+        ) -> None:
+            super().__init__(input_size, output_size, config=config, **kwargs)
+            self.norm = FusedRMSNorm(config, input_size, eps=config.layernorm_epsilon)
+
+        def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            return super().forward(self.norm(x), *args, **kwargs)
+
+    return NormColumnParallelLinear

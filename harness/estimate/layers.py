@@ -1,7 +1,11 @@
-"""One real Megatron Core transformer layer of each kind, at the recipe's per-rank widths, measured.
+"""One real Megatron Core layer of each kind, at the recipe's per-rank widths, measured.
 
-The layer is MCore's own (``get_gpt_decoder_block_spec`` on the local spec, ``build_module``), its
-norms as on GPU (``_gpu_norms``), in the recipe's precision, with the row's recompute fields and the
+The layer is MCore's own (``build_module`` of a layer spec: ``get_gpt_decoder_block_spec`` on the
+local spec for a GPT model; for a hybrid model the kind's layer of ``harness.models.hybrid_stack_spec``,
+MCore's hybrid stack spec over local modules: ``MambaLayer`` + ``MambaMixer`` on the CPU adapter's
+kernel stand-ins, attention-only ``TransformerLayer``, ``MLPLayer``, ``MoETransformerLayer``), its
+norms as on GPU (``_gpu_norms``; a hybrid's attention and MLP norms fused into the next linear as
+MCore's TE hybrid spec places them, ``_te_hybrid_norms``), in the recipe's precision, with the row's recompute fields and the
 chosen core attention (under ``fused``, attention dropout is set to 0: GPU fused kernels keep only an
 RNG seed for it, no bytes, and the CPU flash kernel has none); the running model-parallel state gives the tensor-parallel split (and sequence parallel with it), so every
 sharded width is MCore's. Its input is the ``[s/tp, b, h]`` hidden state a previous layer hands it
@@ -18,19 +22,27 @@ shares the very tensors, so routing is identical across rows.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from harness.config.fields import RecomputeFields
-from harness.cpu.norm import FusedRMSNorm
-from harness.estimate.model import CPU_FLAGS, MOE, Architecture
-from harness.models import set_core_attention, transformer_config
+from harness.cpu.norm import FusedRMSNorm, norm_column_parallel_linear
+from harness.estimate.model import ATTENTION, CPU_FLAGS, MAMBA, MLP, MOE, Architecture
+from harness.models import hybrid_stack_spec, set_core_attention, transformer_config
 from harness.probe.measure import retained_by_forward
 from harness.probe.peaks import live_activation_bytes, memory_tracker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# A hybrid layer kind -> its field of MCore's HybridStackSubmodules.
+HYBRID_LAYER_SPECS = {
+    MAMBA: "mamba_layer",
+    ATTENTION: "attention_layer",
+    MLP: "mlp_layer",
+    MOE: "moe_layer",
+}
 
 
 @dataclass
@@ -73,7 +85,7 @@ def layer_config(
 
     config = arch.config
     overrides: dict[str, Any] = {**CPU_FLAGS, "num_layers": 1, "perform_initialization": False}
-    if "num_moe_experts" in config:
+    if "num_moe_experts" in config and not arch.style.hybrid_pattern:
         overrides["moe_layer_freq"] = [1 if kind == MOE else 0]
     if ps.get_tensor_model_parallel_world_size() > 1:
         overrides["sequence_parallel"] = True
@@ -99,25 +111,78 @@ def build_layer(
     weights_from: torch.nn.Module | None = None,
     seed: int = 1234,
 ) -> torch.nn.Module:
-    """One MCore ``TransformerLayer`` of ``kind``; weights drawn, or shared with ``weights_from``."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    """One MCore layer of ``kind``; weights drawn, or shared with ``weights_from``."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
     from megatron.core.transformer.spec_utils import build_module
 
     config = layer_config(arch, fields, kind, precision=precision, etp=etp, dropout=dropout)
     if attention_backend == "fused":
         config.attention_dropout = 0.0
-    block_spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=False, normalization=config.normalization
+    # A hybrid stack hands its layers the model's process groups (MambaLayer requires them): the
+    # running model-parallel state's, as HybridModel takes them by default.
+    groups = (
+        {"pg_collection": ProcessGroupCollection.use_mpu_process_groups()}
+        if arch.style.hybrid_pattern
+        else {}
     )
-    set_core_attention(block_spec, attention_backend, arch.style.mla)
-    _gpu_norms(block_spec, config.normalization, config.sequence_parallel)
-    layer = build_module(block_spec.layer_specs[0], config=config, layer_number=1)
+    layer = build_module(
+        _layer_spec(arch, config, kind, attention_backend),
+        config=config,
+        layer_number=1,
+        **groups,
+    )
     if weights_from is not None:
-        layer.load_state_dict(weights_from.state_dict(), strict=True, assign=True)
+        # Assigned (the very tensors, no copy), except into a Mamba layer: MCore's MambaMixer hands
+        # its conv1d weight and bias, A_log, D and dt_bias to its context-parallel helper when it is
+        # built, and the forward reads them there, so assigned tensors would leave it the unset
+        # ones (and their bytes counted as saved activations); copied values reach both.
+        layer.load_state_dict(weights_from.state_dict(), strict=True, assign=kind != MAMBA)
     else:
         _draw_weights(layer, seed)
     layer.train()
     return layer
+
+
+def _layer_spec(arch: Architecture, config: Any, kind: str, attention_backend: str) -> Any:
+    """The layer spec of ``kind``: a hybrid stack's layer, or the GPT decoder block's only layer."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    if arch.style.hybrid_pattern:
+        spec = getattr(
+            hybrid_stack_spec(config, attention_backend).submodules, HYBRID_LAYER_SPECS[kind]
+        )
+        _te_hybrid_norms(spec, kind)
+        _gpu_norms([spec], config.normalization, config.sequence_parallel)
+        return spec
+    block_spec = get_gpt_decoder_block_spec(
+        config, use_transformer_engine=False, normalization=config.normalization
+    )
+    set_core_attention(block_spec, attention_backend, arch.style.mla)
+    _gpu_norms(block_spec.layer_specs, config.normalization, config.sequence_parallel)
+    return block_spec.layer_specs[0]
+
+
+def _te_hybrid_norms(layer_spec: Any, kind: str) -> None:
+    """The norms where MCore's TE hybrid spec has them: the attention layer's input norm fused into
+    ``linear_qkv`` and the MLP layer's pre-MLP norm into ``linear_fc1`` (``TELayerNormColumnParallelLinear``,
+    the layer's own norm an ``IdentityOp``, so MCore's ``layernorm`` recompute does not reach them,
+    as on a GPU); the Mamba layer's norm is fused into ``in_proj`` there too, but ``MambaLayer`` has
+    no selective recompute, so its separate local norm keeps the same bytes and is left; the MoE
+    layer's pre-MLP norm is a separate ``TENorm`` in both."""
+    from megatron.core.transformer.identity_op import IdentityOp
+
+    submodules = layer_spec.submodules
+    fused = norm_column_parallel_linear()
+    if kind == ATTENTION:
+        submodules.input_layernorm = IdentityOp
+        submodules.self_attention.submodules.linear_qkv = fused
+    elif kind == MLP:
+        submodules.pre_mlp_layernorm = IdentityOp
+        mlp = submodules.mlp  # a ModuleSpec, or (0.19.2) partial(MLP.as_mlp_submodule, ...)
+        mlp_submodules = (
+            mlp.keywords["submodules"] if isinstance(mlp, functools.partial) else mlp.submodules
+        )
+        mlp_submodules.linear_fc1 = fused
 
 
 _PATTERN_ELEMENTS = 1 << 20
@@ -143,7 +208,7 @@ def _draw_weights(layer: torch.nn.Module, seed: int) -> None:
                 chunk.copy_(pattern[: chunk.numel()])
 
 
-def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> None:
+def _gpu_norms(layer_specs: list[Any], normalization: str, sequence_parallel: bool) -> None:
     """The layer norms as a GPU recipe's: RMSNorm -> ``FusedRMSNorm`` (what TE's keeps); LayerNorm
     stays torch's (``native_layer_norm`` keeps input, mean and rstd on CPU as on GPU), built with
     SP off when SP is on: MCore's ``WrappedTorchNorm`` refuses SP only because its weight gradient
@@ -172,9 +237,9 @@ def _gpu_norms(block_spec: Any, normalization: str, sequence_parallel: bool) -> 
     )
     if replacement is None:
         return
-    for layer_spec in block_spec.layer_specs:
-        for name in ("input_layernorm", "pre_mlp_layernorm"):
-            if getattr(layer_spec.submodules, name) is WrappedTorchNorm:
+    for layer_spec in layer_specs:
+        for name in ("input_layernorm", "pre_mlp_layernorm", "norm"):  # norm: MambaLayer's
+            if getattr(layer_spec.submodules, name, None) is WrappedTorchNorm:
                 setattr(layer_spec.submodules, name, replacement)
 
 
@@ -225,7 +290,7 @@ def measure_layer_peaks(
     tracker.track_external(layer, hidden, mask)
     try:
         with tracker:
-            output = layer(hidden, attention_mask=mask)[0]
+            output = _hidden_output(layer(hidden, attention_mask=mask))
             forward_peak = live_activation_bytes(tracker.get_tracker_snapshot("peak"))
             after_forward = live_activation_bytes(tracker.get_tracker_snapshot("current"))
             output.backward(torch.ones_like(output))
@@ -240,6 +305,12 @@ def measure_layer_peaks(
         max(forward_peak - after_forward, 0),
         max(backward_peak - after_forward, 0),
     )
+
+
+def _hidden_output(output: Any) -> torch.Tensor:
+    """The layer's output hidden state: ``TransformerLayer`` returns ``(hidden, context)``,
+    ``MambaLayer`` the hidden state alone."""
+    return output if isinstance(output, torch.Tensor) else output[0]
 
 
 def _drop_gradient(parameter: torch.Tensor) -> None:

@@ -1,33 +1,44 @@
 """The recipe's model as Megatron Core sees it: full-width TransformerConfig values and the layer mix.
 
-Two sources, both already used by the runner's back ends (so the estimate and a run build the same
-model):
+Three sources, each the one a run of the recipe builds its model from:
 
 - ``bridge`` recipe ``moonlight_16b``: the DeepSeek-V3 config values of Moonlight-16B-A3B that the
   bridge back end hands to ``AutoBridge.from_hf_config`` (harness/data/bridge/moonlight-16b-a3b.json),
   mapped here to the MCore fields Bridge's DeepSeek-V3 bridge sets from them.
+- ``bridge`` recipe ``nemotron_3_nano``: the ``HybridModelProvider`` values of Bridge's Nemotron 3 Nano
+  pretrain recipe (harness/data/bridge/nemotron-3-nano-30b-a3b.json, provenance inside), with the
+  recipe's ``[bridge.model]`` overrides (the short recipes' ``num_layers`` / ``hybrid_layer_pattern``),
+  as the bridge back end applies them. A hybrid model: one layer kind per symbol of MCore's hybrid
+  layer pattern (``M`` Mamba, ``*`` attention, ``E`` MoE, ``-`` MLP), each a layer of MCore's hybrid
+  stack (``harness.models.hybrid_stack_spec``; the Mamba mixer's kernels are the CPU adapter's
+  stand-ins, harness/cpu/mamba_kernels.py).
 - ``mcore`` recipes: the named style model's TransformerConfig values with the recipe's
-  ``[mcore.config]`` overrides, exactly as ``harness.run.backend_mcore`` builds them.
+  ``[mcore.config]`` overrides, exactly as ``harness.run.backend_mcore`` builds them (a hybrid style
+  model, e.g. ``nemotron-h-tiny``, by its pattern).
 
-Everything else (Nemotron's hybrid Mamba stack: no hybrid layer model here yet, although its Mamba
-layers run on CPU in the probe, harness/cpu/mamba_kernels.py) is refused with the reason. CPU-only substitutions (no TE) are the probe's: local spec, unfused bias/dropout/softmax/
-rope, the ``allgather`` dispatcher (``alltoall``/``flex`` need CUDA streams), SequentialMLP experts.
+Any other model is refused with the reason. CPU-only substitutions (no TE) are the probe's: local spec,
+unfused bias/dropout/softmax/rope, the ``allgather`` dispatcher (``alltoall``/``flex`` need CUDA
+streams), SequentialMLP experts.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any
 
 import torch
+from megatron.core.activations import squared_relu
 
 from harness.errors import UsageError
 from harness.models import StyleModel, style_model
 from harness.run.recipes import Recipe
 
 DENSE, MOE = "dense", "moe"
+# A hybrid model's layer kinds besides MOE (MoE-only layers there): Mamba-only, attention-only, MLP-only.
+MAMBA, ATTENTION, MLP = "mamba", "attention", "mlp"
 
 # Flags the CPU layers need whatever the model: fused kernels and stream-based dispatchers are CUDA-only.
 CPU_FLAGS: dict[str, Any] = {
@@ -37,6 +48,8 @@ CPU_FLAGS: dict[str, Any] = {
     "gradient_accumulation_fusion": False,
     "persist_layer_norm": False,
     "moe_token_dispatcher_type": "allgather",
+    "moe_permute_fusion": False,
+    "moe_shared_expert_overlap": False,  # a second CUDA stream; it reorders work, keeps the same bytes
 }
 
 
@@ -116,13 +129,65 @@ def _moonlight_16b() -> Architecture:
     )
 
 
+def hybrid_layer_kinds(pattern: str, where: str) -> tuple[str, ...]:
+    """One kind per symbol of MCore's hybrid layer pattern; a symbol without a CPU layer model here
+    (MCore's others: Gated DeltaNet, DSA / MLA attention; ``|`` pipeline and ``/`` MTP separators)
+    or unknown to MCore is a usage error."""
+    from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols
+
+    kinds = {Symbols.MAMBA: MAMBA, Symbols.ATTENTION: ATTENTION, Symbols.MOE: MOE, Symbols.MLP: MLP}
+    unknown = sorted(set(pattern) - set(kinds))
+    if unknown:
+        known = "MCore layer symbol(s)" if set(unknown) <= Symbols.VALID_LAYERS else "symbol(s)"
+        raise UsageError(
+            f"{where}: hybrid layer pattern {pattern!r} has {known} {' '.join(map(repr, unknown))} "
+            f"the estimate has no layer model for (it builds {', '.join(map(repr, kinds))})"
+        )
+    return tuple(kinds[symbol] for symbol in pattern)
+
+
+def _nemotron_3_nano(recipe: Recipe) -> Architecture:
+    text = (
+        resources.files("harness")
+        .joinpath("data", "bridge", "nemotron-3-nano-30b-a3b.json")
+        .read_text(encoding="utf-8")
+    )
+    provider = {key: value for key, value in json.loads(text).items() if not key.startswith("_")}
+    provider.update(recipe.backend_options.get("model", {}))
+    pattern = provider.pop("hybrid_layer_pattern")
+    # The provider's, not TransformerConfig's: Nemotron-H has no position embedding (its attention
+    # layers take no RoPE), and the layers the estimate builds take none either.
+    provider.pop("position_embedding_type")
+    config = {
+        **provider,
+        "activation_func": inspect.unwrap(squared_relu),  # eager: as the style models (no inductor)
+        "is_hybrid_model": True,
+    }
+    style = StyleModel(
+        "nemotron-3-nano",
+        "Nemotron 3 Nano 30B-A3B: hybrid Mamba-2 / attention / MoE (128 experts, shared expert, "
+        "squared ReLU)",
+        config,
+        hybrid_pattern=pattern,
+    )
+    return Architecture(
+        style,
+        "harness/data/bridge/nemotron-3-nano-30b-a3b.json (Megatron Bridge 600d069b "
+        "nemotron_3_nano_pretrain_config)"
+        + (" + recipe [bridge.model]" if "model" in recipe.backend_options else ""),
+        hybrid_layer_kinds(pattern, f"recipe {recipe.name!r}"),
+    )
+
+
 def _style(recipe: Recipe) -> Architecture:
     style = style_model(recipe.model)
     config = {**style.config_kwargs, **recipe.backend_options.get("config", {})}
     style = replace(style, config_kwargs=config)
     freq = config.get("moe_layer_freq")
     layers = config["num_layers"]
-    if "num_moe_experts" not in config:
+    if style.hybrid_pattern:
+        kinds = hybrid_layer_kinds(style.hybrid_pattern, f"recipe {recipe.name!r}")
+    elif "num_moe_experts" not in config:
         kinds = (DENSE,) * layers
     elif isinstance(freq, list):
         kinds = tuple(MOE if f else DENSE for f in freq)
@@ -135,19 +200,26 @@ def _style(recipe: Recipe) -> Architecture:
 
 def architecture(recipe: Recipe) -> Architecture:
     """The recipe's model; a usage error for models the estimate cannot build on CPU."""
-    if recipe.backend == "bridge" and recipe.backend_options.get("recipe") == "moonlight_16b":
+    bridge_recipe = recipe.backend_options.get("recipe") if recipe.backend == "bridge" else None
+    if bridge_recipe == "moonlight_16b":
         arch = _moonlight_16b()
+    elif bridge_recipe == "nemotron_3_nano":
+        arch = _nemotron_3_nano(recipe)
     elif recipe.backend == "mcore":
         arch = _style(recipe)
     else:
         raise UsageError(
-            f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r} (the estimate builds GPT "
-            "layers only; Mamba layers run on CPU in the probe's nemotron-h-tiny); estimate covers "
-            "Moonlight-style and mcore style-model recipes"
+            f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r}; estimate covers "
+            "Moonlight 16B and Nemotron 3 Nano bridge recipes and mcore style-model recipes"
         )
     if len(arch.layer_kinds) != arch.config["num_layers"]:
+        counted = (
+            f"hybrid layer pattern {arch.style.hybrid_pattern!r} has"
+            if arch.style.hybrid_pattern
+            else "moe_layer_freq has"
+        )
         raise UsageError(
-            f"recipe {recipe.name!r}: moe_layer_freq has {len(arch.layer_kinds)} entries "
+            f"recipe {recipe.name!r}: {counted} {len(arch.layer_kinds)} entries "
             f"for {arch.config['num_layers']} layers"
         )
     return arch

@@ -8,8 +8,9 @@ the real EP group hosts ``E/EP`` experts and receives, under balanced routing, t
 s/tp · b`` token copies from the group, so the experts' retained bytes (sums over tokens) are the same;
 only the per-expert split differs, which byte counts do not see.
 
-Per row and layer kind it measures one layer forward at each probe sequence length (and, under
-MemTracker, one forward + backward for the layer's transients, harness.estimate.layers) and writes
+Per row and layer kind (``measure_kinds``, also called in process by the tests) it measures one layer
+forward at each probe sequence length (and, under MemTracker, one forward + backward for the layer's
+transients, harness.estimate.layers; not for a hybrid model) and writes
 ``rank<r>.json`` into ``--out``: per kind, per row, the measurements; rejected rows with the
 validator's message and rule; rows whose labels need Transformer Engine.
 """
@@ -20,45 +21,45 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cpu.deferred_compile import (
     defer_compile_before_megatron_core,
     run_compiled_helpers_eagerly,
 )
 
+if TYPE_CHECKING:  # imports Megatron Core, which must come after the deferral in main()
+    from harness.estimate.model import Architecture
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+
+def measure_kinds(
+    arch: Architecture,
+    rows: list[str],
+    *,
+    precision: str,
+    attention_backend: str,
+    micro_batch_size: int,
+    seq_lengths: list[int],
+    etp: int | None = None,
+) -> dict[str, Any]:
+    """Every layer kind of ``arch`` under every row, on this rank (model-parallel state set up):
+    ``kinds`` and ``peaks`` (per kind, per row, one measurement per sequence length), ``rejected``
+    rows (the validator's message and rule) and rows whose labels need Transformer Engine.
+
+    A hybrid model gets no ``peaks``, so its rows get no peak moment: a Mamba layer's transients
+    would be the CPU kernel stand-ins' (torch ops: 0.6 GB in backward at seq 64 for Nemotron 3
+    Nano's mixer), not the Triton kernels' that run on a GPU (the stand-ins match those in what they
+    save for backward only), and without them no moment of the stage can be placed; the other
+    kinds' transients would cost ~40 s per length under MemTracker (128 experts) for nothing."""
     import warnings
-
-    import torch
-    import torch.distributed as dist
 
     from harness.config.fields import RecomputeFields
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
-    from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
+    from harness.cpu.adapter import transformer_engine_available
     from harness.estimate.layers import build_layer, measure_layer, measure_layer_peaks
-    from harness.estimate.model import architecture
     from harness.probe.status import requires_te_reason, te_only_labels_missing
-    from harness.run.recipes import load_recipe
 
-    torch.set_num_threads(1)  # one rank per core
-    recipe = load_recipe(args.recipe)
-    arch = architecture(recipe)
-    layout = recipe.parallelism
-    init_cpu_parallel_state(tp=layout.tp, etp=layout.etp, timeout_s=args.timeout)
-    seqs = [int(s) for s in args.seqs.split(",")]
-    result: dict[str, Any] = {
-        "rank": dist.get_rank(),
-        "kinds": {},
-        "rejected": {},
-        "requires_te": {},
-        "peaks": {},
-        "layer_kinds": list(arch.layer_kinds),
-        "model": arch.style.name,
-        "source": arch.source,
-    }
-    rows = json.loads(args.rows)
+    result: dict[str, Any] = {"kinds": {}, "rejected": {}, "requires_te": {}, "peaks": {}}
     for kind in arch.kinds:
         base = None
         per_row: dict[str, list[dict[str, Any]]] = {}
@@ -74,9 +75,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                         arch,
                         fields,
                         kind,
-                        precision=recipe.precision,
-                        attention_backend=args.attention_backend,
-                        etp=layout.etp,
+                        precision=precision,
+                        attention_backend=attention_backend,
+                        etp=etp,
                         weights_from=base,
                     )
             except MCORE_REJECTIONS as exc:
@@ -99,13 +100,44 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 if set(missing) == set(fields.modules or ()):
                     continue  # nothing of the row runs without TE: no measurement to make
-            per_row[row] = [vars(measure_layer(layer, s, recipe.micro_batch_size)) for s in seqs]
-            peaks[row] = [
-                vars(measure_layer_peaks(layer, s, recipe.micro_batch_size)) for s in seqs
-            ]
+            per_row[row] = [vars(measure_layer(layer, s, micro_batch_size)) for s in seq_lengths]
+            if not arch.style.hybrid_pattern:
+                peaks[row] = [
+                    vars(measure_layer_peaks(layer, s, micro_batch_size)) for s in seq_lengths
+                ]
         result["kinds"][kind] = per_row
         result["peaks"][kind] = peaks
     return result
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from harness.cpu.adapter import init_cpu_parallel_state
+    from harness.estimate.model import architecture
+    from harness.run.recipes import load_recipe
+
+    torch.set_num_threads(1)  # one rank per core
+    recipe = load_recipe(args.recipe)
+    arch = architecture(recipe)
+    layout = recipe.parallelism
+    init_cpu_parallel_state(tp=layout.tp, etp=layout.etp, timeout_s=args.timeout)
+    return {
+        "rank": dist.get_rank(),
+        **measure_kinds(
+            arch,
+            json.loads(args.rows),
+            precision=recipe.precision,
+            attention_backend=args.attention_backend,
+            micro_batch_size=recipe.micro_batch_size,
+            seq_lengths=[int(s) for s in args.seqs.split(",")],
+            etp=layout.etp,
+        ),
+        "layer_kinds": list(arch.layer_kinds),
+        "model": arch.style.name,
+        "source": arch.source,
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -163,10 +163,6 @@ def test_extrapolation_is_exact_for_polynomials():
     "argv, message",
     [
         (["estimate", "--recipe", "no-such-recipe"], "unknown recipe 'no-such-recipe'"),
-        (
-            ["estimate", "--recipe", "nemotron-3-nano-full-16gpu"],
-            "no CPU layer model for 'nemotron-3-nano'",
-        ),
         (["estimate", "--recipe", "cpu-moonlight-ep2"], "is a CPU recipe"),
         (
             ["estimate", "--recipe", "moonlight-full-8gpu", "--rows", "mla_up_proj+"],
