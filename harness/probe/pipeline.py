@@ -14,10 +14,11 @@ Per stage and row (``ProbeRowResult``, one ``ModelProbe`` per stage, one golden 
 - ``retained_bytes``: what autograd holds when the stage's forward of the first micro-batch returns
   (saved-tensor hooks around the model call in the forward-step function, as the single-stage probe
   measures a forward: ``harness.probe.measure``);
-- ``inflight_bytes``: the most saved bytes alive at once across the micro-batches in flight, sampled
-  as each micro-batch's forward returns (only backward frees them, so that is where the peak is). 1F1B
-  runs ``N - stage - 1`` warm-up forwards before its first backward: stage 0 of two holds two
-  micro-batches there, the last stage one;
+- ``inflight_bytes``: the most saved bytes alive at once across the micro-batches in flight
+  (forwarded, and not yet reached by backward: none of their saved tensors unpacked), sampled as each
+  micro-batch's forward returns (only backward frees them, so that is where the peak is). 1F1B runs
+  ``N - stage - 1`` warm-up forwards before its first backward: stage 0 of two holds two micro-batches
+  there, the last stage one;
 - ``backward_flops``: FLOPs of the step minus those of its forward steps (``FlopCounterMode``);
   ``replay_bytes`` / ``replay_ops``: ops run with grad mode on inside the autograd engine (the
   schedule's own ops outside backward, its receive buffers among them, are not replays);
