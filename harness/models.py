@@ -60,7 +60,7 @@ class StyleModel:
 
     @property
     def layers(self) -> int:
-        """Transformer layers (one pipeline stage: the probe runs PP 1)."""
+        """Transformer layers of the whole model (a pipeline stage builds its share of them)."""
         return self.config_kwargs["num_layers"]
 
 
@@ -478,6 +478,20 @@ def _parallel_sizes(has_experts: bool) -> dict[str, int]:
     return sizes
 
 
+def _pipeline_stage_ends() -> dict[str, bool]:
+    """Under pipeline parallelism, whether this rank's stage holds the embedding (``pre_process``) and
+    the output layer and loss (``post_process``), as a training script's model provider asks MCore's
+    parallel state; nothing (GPTModel's defaults: the whole model) on one stage."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps.get_pipeline_model_parallel_world_size() == 1:
+        return {}
+    return {
+        "pre_process": ps.is_pipeline_first_stage(),
+        "post_process": ps.is_pipeline_last_stage(),
+    }
+
+
 def transformer_config(
     style: StyleModel,
     fields: RecomputeFields,
@@ -616,6 +630,7 @@ def build_model(
         max_sequence_length=seq_length,
         position_embedding_type="rope",
         **mtp,
+        **_pipeline_stage_ends(),
     )
     _run_linear_attention_helpers_eagerly(module)
     module.to(device)

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -143,3 +144,41 @@ def run_bounded(
         child.wait()
         raise
     return subprocess.CompletedProcess(child.args, child.returncode, stdout, stderr)
+
+
+# Launch variables of an enclosing torchrun or test: a CPU job's ranks join a group of their own.
+TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_cpu_torchrun(
+    nproc: int, module: str, args: Sequence[str], *, timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str] | None, list[str]]:
+    """``torchrun --standalone`` of ``module`` on ``nproc`` CPU ranks (gloo), each given ``args`` and
+    ``--out DIR``: (the finished job, or None when it ran past ``timeout_s`` and its process tree was
+    killed; the texts of the ``rank<r>.json`` files the ranks wrote into DIR, in rank order, read
+    before DIR is removed).
+
+    One intra-op thread per rank (the ranks share the cores) and MCore's compiled helpers eager
+    (``TORCH_COMPILE_DISABLE``: the byte counts are the same, without Inductor's C++ builds per rank)."""
+    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
+    for key in TORCHRUN_VARIABLES:
+        env.pop(key, None)
+    with tempfile.TemporaryDirectory(prefix="recompute-torchrun-") as out:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            module,
+            *args,
+            "--out",
+            out,
+        ]
+        child = run_bounded(command, timeout_s=timeout_s, env=env)
+        results = [
+            path.read_text()
+            for path in sorted(Path(out).glob("rank*.json"), key=lambda p: int(p.stem[4:]))
+        ]
+    return child, results

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from harness.commands.options import add_golden_dir
@@ -58,6 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(precision, attention back end, MoE dispatcher, TP/PP, method x num_layers, layer kinds), "
         "where each was measured or why not, and per label the passes that measured it",
     )
+    parser.add_argument(
+        "--pipeline-parallel",
+        type=int,
+        metavar="N",
+        help="probe each stage of an N-stage pipeline of --model under Megatron Core's 1F1B "
+        "schedule (N CPU ranks under torchrun): [] and full recompute per stage, with the "
+        "micro-batches in flight; each stage has its own goldens (docs/probe-coverage.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
         "--hang-timeout",
@@ -94,6 +103,23 @@ def _sizes(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.modules and (args.check_golden or args.write_golden):
         raise UsageError("goldens cover the full probe matrix: drop --modules")
+    if args.pipeline_parallel is not None:
+        refused = [
+            option
+            for option, given in (
+                ("--all", args.all),
+                ("--list", args.list),
+                ("--modules", args.modules),
+                ("--seq-length/--micro-batch-size", sizes),
+                ("--attribution", args.attribution),
+            )
+            if given
+        ]
+        if refused:
+            raise UsageError(
+                f"--pipeline-parallel probes [] and full recompute of one --model at its own "
+                f"sizes: drop {', '.join(refused)}"
+            )
     return sizes
 
 
@@ -106,17 +132,23 @@ def run(args: argparse.Namespace) -> int:
     from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, buildable_model, buildable_models, not_on_this_tree
     from harness.probe.axes import coverage
+    from harness.probe.pipeline import check_pipelinable, probe_pipeline
     from harness.probe.runner import probe_errors, probe_models
     from harness.probe.table import (
         attribution_table,
         carried_table,
         coverage_table,
         peaks_table,
+        pipeline_table,
         probe_json,
         probe_table,
         unmeasured_table,
     )
 
+    if args.pipeline_parallel is not None:
+        # Before the adapter's self-check and any golden directory is touched: nothing is written.
+        _sizes(args)
+        check_pipelinable(buildable_model(args.model), args.pipeline_parallel)
     drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
         drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
@@ -133,18 +165,34 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
     label_sets = parse_label_sets(args.modules) if args.modules else None
-    probes = [
-        probe
-        for precision in dict.fromkeys(args.precision)
-        for probe in probe_models(
-            names,
-            label_sets,
-            hang_timeout_s=args.hang_timeout,
-            attention_backend=args.attention_backend,
-            precision=precision,
-            **sizes,
-        )
-    ]
+    if args.pipeline_parallel is not None:
+        try:
+            probes = [
+                probe
+                for precision in dict.fromkeys(args.precision)
+                for probe in probe_pipeline(
+                    names[0],
+                    args.pipeline_parallel,
+                    precision=precision,
+                    attention_backend=args.attention_backend,
+                )
+            ]
+        except RuntimeError as exc:  # the ranks failed or hung (and were killed): nothing written
+            print(f"recompute-harness: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    else:
+        probes = [
+            probe
+            for precision in dict.fromkeys(args.precision)
+            for probe in probe_models(
+                names,
+                label_sets,
+                hang_timeout_s=args.hang_timeout,
+                attention_backend=args.attention_backend,
+                precision=precision,
+                **sizes,
+            )
+        ]
     if args.coverage:
         found = coverage(probes)
         print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")
@@ -155,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([probe_json(probe) for probe in probes], indent=2))
     else:
         for probe in probes:
-            print(probe_table(probe))
+            print(pipeline_table(probe) if probe.pipeline_parallel > 1 else probe_table(probe))
             print()
             if args.attribution:
                 print(attribution_table(probe))

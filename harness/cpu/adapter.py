@@ -60,6 +60,14 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    work is synchronous, so every ordering the streams and events express already holds, and the
    dispatcher's permutation, splits and recompute paths run unmodified.
 
+8. Tensors allocated on ``device="cuda"`` by name, inside ``cuda_allocations_on_cpu()`` only: the
+   1F1B pipeline schedule (``forward_backward_pipelining_without_interleaving``) counts the step's
+   tokens in ``torch.zeros([], device="cuda")``, which a CPU-only torch refuses. A torch-function mode
+   entered around the schedule call (the pipeline probe's, ``harness.probe.pipeline``) puts factory
+   calls that name a CUDA device on the CPU instead, as part 1 answers ``current_device()`` with
+   ``"cpu"``. It replaces no object: the schedule, its p2p communication and every recompute path run
+   unmodified, and outside that call nothing changes.
+
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
 ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
@@ -74,6 +82,7 @@ import importlib
 import inspect
 import logging
 import os
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -81,6 +90,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
+from torch.overrides import TorchFunctionMode
 
 from harness.cpu import linear_attention, mamba_kernels
 from harness.cpu.deferred_compile import upstream_compile
@@ -230,6 +240,28 @@ class _CpuStream(torch.cpu.Stream):
         event = torch.cpu.Event() if event is None else event
         event.record(self)
         return event
+
+
+class _CudaAllocationsOnCpu(TorchFunctionMode):
+    """Part 8: a ``device=`` keyword naming CUDA becomes the CPU; every other call is left as it is."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type == "cuda":
+            kwargs = {**kwargs, "device": torch.device("cpu")}
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_allocations_on_cpu() -> Iterator[None]:
+    """Part 8, for the span of one call: factory calls naming a CUDA device allocate on the CPU (on a
+    machine with CUDA nothing changes: the adapter is off there)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with _CudaAllocationsOnCpu():
+        yield
 
 
 class _DropForkWarning(logging.Filter):

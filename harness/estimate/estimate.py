@@ -21,16 +21,12 @@ exclude them, and exclude everything that is not an activation (weights, gradien
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import socket
-import sys
-import tempfile
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
@@ -45,7 +41,7 @@ from harness.probe.status import (
     REQUIRES_TE,
     MeasuredRow,
 )
-from harness.processes import run_bounded
+from harness.processes import run_cpu_torchrun
 from harness.record.build import now_iso
 from harness.run.recipes import Recipe
 
@@ -164,18 +160,10 @@ def measure_recipe(
     timeout_s: float = WORKER_TIMEOUT_S,
 ) -> list[dict[str, Any]]:
     """Run the TP ranks of the worker; their per-rank results."""
-    env = {**os.environ, "TORCH_COMPILE_DISABLE": "1", "OMP_NUM_THREADS": "1"}
-    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    with tempfile.TemporaryDirectory(prefix="recompute-estimate-") as out:
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={recipe.parallelism.tp}",
-            "-m",
-            "harness.estimate.worker",
+    child, texts = run_cpu_torchrun(
+        recipe.parallelism.tp,
+        "harness.estimate.worker",
+        [
             "--recipe",
             recipe.name,
             "--rows",
@@ -184,20 +172,19 @@ def measure_recipe(
             ",".join(str(s) for s in seq_lengths),
             "--attention-backend",
             attention_backend,
-            "--out",
-            out,
             "--timeout",
             str(timeout_s),
-        ]
-        child = run_bounded(command, timeout_s=timeout_s, env=env)
-        if child is None:
-            raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
-        results = [json.loads(path.read_text()) for path in sorted(Path(out).glob("rank*.json"))]
-        if child.returncode != 0 or len(results) != recipe.parallelism.tp:
-            tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
-            raise RuntimeError(
-                f"the estimate's layer measurement failed (exit {child.returncode}): {tail}"
-            )
+        ],
+        timeout_s=timeout_s,
+    )
+    if child is None:
+        raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
+    results = [json.loads(text) for text in texts]
+    if child.returncode != 0 or len(results) != recipe.parallelism.tp:
+        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(
+            f"the estimate's layer measurement failed (exit {child.returncode}): {tail}"
+        )
     return results
 
 

@@ -27,6 +27,7 @@ from harness.cpu.deferred_compile import (
     defer_compile_before_megatron_core,
     run_compiled_helpers_eagerly,
 )
+from harness.processes import die_with_parent
 
 if TYPE_CHECKING:  # imports Megatron Core, which must come after the deferral in main()
     from harness.estimate.model import Architecture
@@ -141,6 +142,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    # A rank whose torchrun agent is gone goes too: left running, it kept the agent's output pipes
+    # open, so the harness waited on them past its timeout (seen on a loaded machine, 2026-12-02).
+    die_with_parent()
     defer_compile_before_megatron_core()  # CPU adapter part 4
     run_compiled_helpers_eagerly()  # byte counts are the same
     parser = argparse.ArgumentParser(prog="harness.estimate.worker")

@@ -54,17 +54,42 @@ def refresh_command(attention_backend: str = "unfused") -> str:
     )
 
 
+def probe_refresh_command(probe: ModelProbe) -> str:
+    """The command that rewrites ``probe``'s golden: ``refresh_command`` for a single-stage pass; a
+    pipeline stage's is its model's pipeline probe (every stage and precision of it)."""
+    if probe.pipeline_parallel == 1:
+        return refresh_command(probe.attention_backend)
+    return (
+        f"./venv-run recompute-harness probe --model {probe.model} "
+        f"--pipeline-parallel {probe.pipeline_parallel}"
+        + (
+            ""
+            if probe.attention_backend == "unfused"
+            else f" --attention-backend {probe.attention_backend}"
+        )
+        + " --write-golden"
+    )
+
+
 CPU_DEVICE, CPU_GPU_COUNT = "cpu", 0
 
 
-def recipe_name(model: str, attention_backend: str = "unfused", precision: str = "fp32") -> str:
+def recipe_name(
+    model: str,
+    attention_backend: str = "unfused",
+    precision: str = "fp32",
+    pipeline_parallel: int = 1,
+    stage: int = 0,
+) -> str:
     """``cpu-probe-<model>``; fused-attention and bf16 probes are their own recipes (and goldens):
-    ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``. The
-    unfused fp32 name is the historical one, so existing goldens load."""
+    ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``, and
+    each stage of a pipeline probe too: ``cpu-probe-<model>[-fused][-bf16]-pp<N>-stage<s>``. The
+    unfused fp32 single-stage name is the historical one, so existing goldens load."""
     return (
         f"cpu-probe-{model}"
         + ("" if attention_backend == "unfused" else f"-{attention_backend}")
         + ("" if precision == "fp32" else f"-{precision}")
+        + ("" if pipeline_parallel == 1 else f"-pp{pipeline_parallel}-stage{stage}")
     )
 
 
@@ -89,13 +114,16 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
             for phase in PHASES
             if row.step_peaks
         },
+        **({} if row.inflight_bytes is None else {"inflight_bytes": row.inflight_bytes}),
     )
 
 
 def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) -> list[Record]:
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
-    recipe = recipe_name(probe.model, probe.attention_backend, probe.precision)
+    recipe = recipe_name(
+        probe.model, probe.attention_backend, probe.precision, probe.pipeline_parallel, probe.stage
+    )
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
             continue
@@ -112,7 +140,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     precision=probe.precision,
                     attention_backend=RECORD_NAMES[probe.attention_backend],
                     train_iters=None,
-                    parallelism=parallelism(),
+                    parallelism=parallelism(pp=probe.pipeline_parallel),
                     extra={"probe_status": row.status},
                 ),
                 hardware=hardware(CPU_DEVICE, CPU_GPU_COUNT),
@@ -152,7 +180,7 @@ def write_probe_golden(
         records,
         {
             "source": "cpu probe run",
-            "command": refresh_command(probe.attention_backend),
+            "command": probe_refresh_command(probe),
             "host": socket.gethostname(),
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "gpu": None,
@@ -295,10 +323,7 @@ def golden_step(
                 f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
             )
             problems += (
-                [
-                    "if the change is intended, refresh with: "
-                    + refresh_command(probe.attention_backend)
-                ]
+                ["if the change is intended, refresh with: " + probe_refresh_command(probe)]
                 if problems
                 else []
             )

@@ -20,6 +20,7 @@ from typing import Any
 
 from harness.config.fields import SKIP_FINAL_FIELD
 from harness.config.validate import config_has_field
+from harness.cpu.adapter import init_cpu_parallel_state
 from harness.models import STYLE_MODELS, build_model, not_on_this_tree
 from harness.probe.coverage import single_label_rows
 from harness.probe.plan import CONTROL, PRECISIONS
@@ -27,18 +28,16 @@ from harness.probe.runner import ModelProbe
 from harness.probe.status import EFFECTIVE, failure_status
 
 MEASURED, NOT_PROBED = "measured", "not-probed"
-# The probe runs one process with TP = PP = EP = 1 (harness.cpu.adapter.init_cpu_parallel_state).
-# Where the other layouts are measured, or why they are not (docs/estimate.md, README "Coverage").
+# The probe runs one process with TP = PP = EP = 1 (harness.cpu.adapter.init_cpu_parallel_state);
+# its pipeline pass (harness.probe.pipeline) runs PP stages under torchrun. Where the other layouts
+# are measured, or why they are not (docs/estimate.md, docs/probe-coverage.md).
 OUTSIDE_THE_PROBE = {
     ("tensor parallel", "TP 2 + sequence parallel"): (
         "measured per layer by `estimate --recipe` (real MCore layers under a gloo TP group, "
         "harness/estimate/), not per label by the probe: the probe runs one process"
     ),
-    ("pipeline parallel", "PP 2"): (
-        "not measured on CPU: the probe runs one stage; per-stage retained bytes and 1F1B's "
-        "in-flight micro-batches need a pipeline schedule under torchrun (open, issue 23)"
-    ),
 }
+PIPELINE_SIZES = (1, 2)  # always listed: PP 2 says how to measure it when a run did not
 LAYER_KINDS = (
     "attention",
     "MLA",
@@ -62,7 +61,10 @@ class AxisValue:
 
 
 def _pass_name(probe: ModelProbe) -> str:
-    return f"{probe.model} ({probe.precision}, {probe.attention_backend})"
+    stage = (
+        f", PP {probe.pipeline_parallel} stage {probe.stage}" if probe.pipeline_parallel > 1 else ""
+    )
+    return f"{probe.model} ({probe.precision}, {probe.attention_backend}{stage})"
 
 
 def _config_fields() -> dict[str, Any]:
@@ -122,6 +124,9 @@ def _layer_kinds(model: str) -> set[str]:
 
 def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
     """The coverage of ``probes`` (every pass of one probe command) as JSON-ready data."""
+    # The layer kinds and dispatchers are read from models built here: a pipeline run's stages
+    # were built in their ranks, and this process has no model-parallel state of its own yet.
+    init_cpu_parallel_state()
     values: list[AxisValue] = []
     passes = [_pass_name(probe) for probe in probes]
     models = list(dict.fromkeys(probe.model for probe in probes))
@@ -164,7 +169,19 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
             status, reason = _try_dispatcher(model, dispatcher)
             values.append(AxisValue("MoE token dispatcher", dispatcher, status, [model], reason))
     values.append(AxisValue("tensor parallel", "TP 1", MEASURED, models))
-    values.append(AxisValue("pipeline parallel", "PP 1", MEASURED, models))
+    for size in sorted({*PIPELINE_SIZES, *(probe.pipeline_parallel for probe in probes)}):
+        staged = [probe for probe in probes if probe.pipeline_parallel == size]
+        add(
+            "pipeline parallel",
+            f"PP {size}",
+            list(dict.fromkeys(probe.model for probe in staged))
+            if size == 1
+            else [_pass_name(probe) for probe in staged],
+            "not in this run: probe without --pipeline-parallel"
+            if size == 1
+            else f"not in this run: probe --model NAME --pipeline-parallel {size} (one golden "
+            "per stage; docs/probe-coverage.md)",
+        )
     for (axis, value), reason in OUTSIDE_THE_PROBE.items():
         values.append(AxisValue(axis, value, NOT_PROBED, reason=reason))
     values += _full_recompute_values(probes)

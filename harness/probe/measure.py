@@ -81,12 +81,13 @@ class _ModuleStack:
             handle.remove()
 
 
-class _SavedTensors:
+class SavedTensors:
     """``saved_tensors_hooks`` that record weak references to what autograd saves, and where."""
 
     def __init__(self, stack: _ModuleStack) -> None:
         self.stack = stack
         self.saved: list[tuple[weakref.ref, str]] = []
+        self.unpacked = 0  # how many saved tensors backward has read back: 0 until it reaches them
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -95,9 +96,24 @@ class _SavedTensors:
         )
         return tensor
 
-    @staticmethod
-    def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    def _unpack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.unpacked += 1
         return tensor
+
+    @staticmethod
+    def live_bytes(records: list[SavedTensors], excluded: set[int]) -> int:
+        """Bytes of the storages still alive across several records (micro-batches in flight),
+        each storage once, ``excluded`` ones left out."""
+        seen: set[int] = set(excluded)
+        total = 0
+        for record in records:
+            for ref, _ in record.saved:
+                tensor = ref()
+                if tensor is None or _storage_key(tensor) in seen:
+                    continue
+                seen.add(_storage_key(tensor))
+                total += tensor.untyped_storage().nbytes()
+        return total
 
     def retained(self, parameter_storages: set[int]) -> tuple[int, dict[str, int]]:
         """Bytes of the live, non-parameter storages, deduplicated, and their attribution."""
@@ -118,18 +134,22 @@ class _SavedTensors:
         return total, dict(attribution)
 
 
-class _ReplayCounter(TorchDispatchMode):
-    """Bytes read + written by ops that run with grad mode on during backward: replayed forward ops."""
+class ReplayCounter(TorchDispatchMode):
+    """Bytes read + written by ops that run with grad mode on during backward: replayed forward ops.
+    Entered around a backward call alone, so grad mode tells a replayed op (``replayed``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.bytes = 0
         self.ops = 0
 
+    def replayed(self) -> bool:
+        return torch.is_grad_enabled()
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if torch.is_grad_enabled():
+        if self.replayed():
             tensors = [
                 t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)
             ]
@@ -171,7 +191,7 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
 
     loss, retained_bytes, attribution = retained_by_forward(module, lambda: model.loss(batch))
     seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
-    with FlopCounterMode(display=False) as flops, _ReplayCounter() as replay:
+    with FlopCounterMode(display=False) as flops, ReplayCounter() as replay:
         loss.backward(seed_grad)
     grads = _grads(module)
 
@@ -203,16 +223,27 @@ def retained_by_forward(
     bytes autograd still holds when it returns (deduplicated storages; parameters and the ``shared``
     inputs' storages excluded) and their attribution by module. The output is returned so the caller
     keeps the graph (and so the saved tensors) alive for as long as it needs them."""
+    output, saved = saved_during(module, forward)
+    retained_bytes, attribution = saved.retained(excluded_storages(module, shared))
+    return output, retained_bytes, attribution
+
+
+def saved_during(module: torch.nn.Module, forward: Callable[[], Any]) -> tuple[Any, SavedTensors]:
+    """Run ``forward()`` under the saved-tensor hooks: its output and the record of what autograd
+    saved, which the caller measures when it chooses (a pipeline stage: with other micro-batches)."""
     stack = _ModuleStack(module)
-    saved = _SavedTensors(stack)
+    saved = SavedTensors(stack)
     try:
         with saved.hooks:
             output = forward()
     finally:
         stack.remove()
-    excluded = {_storage_key(t) for t in (*module.parameters(), *shared)}
-    retained_bytes, attribution = saved.retained(excluded)
-    return output, retained_bytes, attribution
+    return output, saved
+
+
+def excluded_storages(module: torch.nn.Module, shared: tuple[torch.Tensor, ...] = ()) -> set[int]:
+    """The storages no retained count includes: the parameters' and the ``shared`` inputs'."""
+    return {_storage_key(t) for t in (*module.parameters(), *shared)}
 
 
 def _grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -85,6 +85,9 @@ class ProbeRowResult(MeasuredRow):
     # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
     # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
     step_peaks: dict[str, Any] = field(default_factory=dict)
+    # On a pipeline stage under 1F1B: the most autograd-saved bytes alive at once across the
+    # micro-batches in flight (harness.probe.pipeline); None on the single-stage probe
+    inflight_bytes: int | None = None
 
     def values(self) -> ProbeValues:
         """The counts and verdicts every measured row has (ValueError for a row that was not)."""
@@ -127,6 +130,9 @@ class ModelProbe:
     rows: list[ProbeRowResult]
     attention_backend: str = "unfused"  # harness.cpu.attention.ATTENTION_BACKENDS
     precision: str = "fp32"  # harness.probe.plan.PRECISIONS
+    # Pipeline-parallel size and this probe's stage (harness.probe.pipeline); 1 and 0: the whole model
+    pipeline_parallel: int = 1
+    stage: int = 0
 
     @property
     def control(self) -> ProbeRowResult:
@@ -141,6 +147,8 @@ class ModelProbe:
             for value, default in ((self.attention_backend, "unfused"), (self.precision, "fp32"))
             if value != default
         ]
+        if self.pipeline_parallel > 1:
+            qualifiers.append(f"PP {self.pipeline_parallel} stage {self.stage}")
         return f"{self.model} ({', '.join(qualifiers)})" if qualifiers else self.model
 
 

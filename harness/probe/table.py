@@ -8,6 +8,7 @@ from typing import Any
 
 from harness.probe.coverage import describe_unmeasured, unmeasured_entries, unmeasured_everywhere
 from harness.probe.peaks import PHASES
+from harness.probe.pipeline import PIPELINE_MICROBATCHES
 from harness.probe.runner import ModelProbe, ProbeRowResult
 from harness.probe.status import CRASH, EFFECTIVE, ERROR, HANG, REQUIRES_CUDA, REQUIRES_TE
 
@@ -76,6 +77,48 @@ def probe_table(probe: ModelProbe) -> str:
                 f"{values.replay_bytes / MIB:.3f}",
                 "-" if row.carried_bytes is None else f"{row.carried_bytes / 1024:.1f}",
                 _delta_kib(row.carried_bytes, control.carried_bytes),
+            ]
+        else:
+            cells = ["-"] * 7
+        label = "`[]`" if row is control else f"`{row.label}`"
+        lines.append(
+            "| "
+            + " | ".join([label, *cells, _equivalence(row, probe.precision), _status(row)])
+            + " |"
+        )
+    return "\n".join(lines)
+
+
+def pipeline_table(probe: ModelProbe) -> str:
+    """One stage of a pipeline probe (harness.probe.pipeline): per row what the stage retains for one
+    micro-batch and, under 1F1B, for the micro-batches in flight at once."""
+    control = probe.control
+    lines = [
+        f"## {probe.model}, PP {probe.pipeline_parallel} stage {probe.stage} — {probe.description}",
+        (
+            f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, {probe.precision}, CPU, "
+            f"{probe.attention_backend} core attention; {PIPELINE_MICROBATCHES} micro-batches through "
+            "Megatron Core's 1F1B schedule; bytes retained by autograd when a micro-batch's forward "
+            "returns, and the most held at once for the micro-batches in flight"
+        ),
+        "",
+        (
+            "| Label | Retained MiB | vs `[]` | In flight MiB | In flight ÷ retained | Backward GFLOPs | "
+            "vs `[]` | Replayed MiB | Equivalence | Status |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for row in probe.rows:
+        if row.measured and row.inflight_bytes is not None:
+            values = row.values()
+            cells = [
+                f"{values.retained_bytes / MIB:.3f}",
+                _pct(values.retained_bytes, control.retained_bytes),
+                f"{row.inflight_bytes / MIB:.3f}",
+                f"{row.inflight_bytes / values.retained_bytes:.2f}",
+                f"{values.backward_flops / 1e9:.4f}",
+                _pct(values.backward_flops, control.backward_flops),
+                f"{values.replay_bytes / MIB:.3f}",
             ]
         else:
             cells = ["-"] * 7
@@ -268,6 +311,11 @@ def probe_json(probe: ModelProbe) -> dict[str, Any]:
         "precision": probe.precision,
         "rows": [row.as_dict() for row in probe.rows],
         "unmeasured": unmeasured_entries(probe),
+        **(
+            {"pipeline_parallel": probe.pipeline_parallel, "stage": probe.stage}
+            if probe.pipeline_parallel > 1
+            else {}
+        ),
     }
 
 

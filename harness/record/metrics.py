@@ -443,6 +443,15 @@ METRICS: tuple[Metric, ...] = (
         nullable=False,
         required=False,
     ),
+    Metric(
+        "inflight_bytes",
+        "bytes",
+        "lower",
+        "probe",
+        "on a pipeline stage under 1F1B: the most bytes autograd holds at once for the micro-batches in flight (forwarded, not yet reached by backward), sampled as each forward returns (harness.probe.pipeline)",
+        nullable=False,
+        required=False,
+    ),
 )
 
 

@@ -157,3 +157,23 @@ def test_a_closed_stdout_is_not_an_error(tmp_path):
         check=False,
     )
     assert reader_gone.returncode == 0 and "Traceback" not in reader_gone.stderr, reader_gone.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, problem",
+    [
+        (["--model", "dense-deep", "--pipeline-parallel", "8"], "larger than its 4 layers"),
+        (["--model", "dense-deep", "--pipeline-parallel", "3"], "do not split evenly"),
+        (["--model", "dense-deep", "--pipeline-parallel", "1"], "must be in [2, 8]"),
+        (["--model", "mtp-tiny", "--pipeline-parallel", "2"], "Multi-Token Prediction"),
+        (["--model", "nemotron-h-tiny", "--pipeline-parallel", "2"], "hybrid model"),
+        (["--all", "--pipeline-parallel", "2"], "drop --all"),
+        (["--model", "dense-deep", "--pipeline-parallel", "2", "--modules", "core_attn"], "drop"),
+    ],
+)
+def test_probe_refuses_a_pipeline_it_cannot_build(tmp_path, capsys, argv, problem):
+    # Refused before any rank starts or any golden directory is touched.
+    golden_dir = tmp_path / "goldens"
+    assert main(["probe", *argv, "--write-golden", "--golden-dir", str(golden_dir)]) == 2
+    assert problem in _err(capsys)
+    assert not golden_dir.exists()

@@ -185,6 +185,18 @@ def test_cuda_stream_names_are_cpu_streams_whose_events_synchronize(cpu_group):
     assert event.query() and torch.equal(copied, torch.arange(4))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="part 8 is off where CUDA is real")
+def test_cuda_allocations_land_on_the_cpu_inside_the_schedule_call_only():
+    # The 1F1B schedule's token counter; a device given otherwise (or none) is left as it is.
+    with adapter.cuda_allocations_on_cpu():
+        counter = torch.zeros([], dtype=torch.int, device="cuda")
+        named = torch.ones(2, device=torch.device("cuda", 0))
+        plain = torch.arange(3)
+    assert counter.device.type == named.device.type == plain.device.type == "cpu"
+    with pytest.raises(RuntimeError):
+        torch.zeros([], device="cuda")  # outside the call a CPU-only torch refuses, as before
+
+
 def test_alltoall_dispatcher_runs_on_cpu_and_matches_allgather_bit_for_bit(cpu_group):
     # At EP 1 both dispatchers route the same tokens to the same experts: the stream stand-ins
     # change no numerics, only which MCore path (permutation, splits, recompute) runs.

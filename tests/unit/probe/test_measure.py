@@ -44,7 +44,7 @@ def _both_counts(fields: RecomputeFields) -> tuple[int, int]:
     model = build_model("dense-tiny", fields)
     reseed(1)
     stack = measure._ModuleStack(model.module)
-    saved = measure._SavedTensors(stack)
+    saved = measure.SavedTensors(stack)
     with saved.hooks:
         loss = model.loss(model.batch())
     stack.remove()

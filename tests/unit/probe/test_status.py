@@ -107,7 +107,8 @@ def test_probe_and_estimate_rows_share_one_verdict_type_and_keep_their_json_key_
         "carried_bytes",
         "carried_attribution",
         "carried_holders",
-        "step_peaks",  # issue 23: peaks over the step (harness.probe.peaks), appended last
+        "step_peaks",  # issue 23: peaks over the step (harness.probe.peaks)
+        "inflight_bytes",  # issue 23: a pipeline stage's micro-batches in flight, appended last
     ]
     assert ProbeRowResult.from_dict(probe_row.as_dict()) == probe_row
     assert list(asdict(estimate_row)) == [
