@@ -26,6 +26,10 @@ OVERLAYS = Path(
     )
 )
 PIP_TIMEOUT_S = 300
+# A whole probe of one revision (every style model, fp32 + bf16) in a subprocess: about 90 s on a CPU
+# with a bf16 GEMM kernel, 295 s alone and over 300 s beside a second one on a 2-core CPU without it
+# (measured 2026-12-02, docs/estimate.md). The bound only catches a hang.
+WHOLE_PROBE_TIMEOUT_S = 1200
 # The development head the goldens are pinned to (0.20.0 on main), and where its git history is read.
 HEAD_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 MEGATRON_LM_GIT = Path(os.environ.get("MEGATRON_LM_GIT", "/work/.mirror/NVIDIA+Megatron-LM/repo"))

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from overlays import overlay
+from overlays import WHOLE_PROBE_TIMEOUT_S, overlay
 
 from harness.config.revisions import source_fingerprint
 
@@ -80,7 +80,13 @@ def refresh(repo: Path, mcore: Path, *argv: str) -> subprocess.CompletedProcess:
         else [sys.executable, "-m", "harness.cli", *argv]
     )
     return subprocess.run(
-        command, cwd=repo, env=env, capture_output=True, text=True, timeout=300, check=False
+        command,
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WHOLE_PROBE_TIMEOUT_S,
+        check=False,
     )
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from overlays import megatron_lm_tree, overlay, pull_request_trees
+from overlays import WHOLE_PROBE_TIMEOUT_S, megatron_lm_tree, overlay, pull_request_trees
 
 from harness.config.revisions import megatron_core_root
 
@@ -30,7 +30,7 @@ def harness(tree: Path | None, *argv: str) -> subprocess.CompletedProcess:
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=WHOLE_PROBE_TIMEOUT_S,
         check=False,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(REPO)])},
     )
