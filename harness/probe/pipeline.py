@@ -150,24 +150,9 @@ def probe_pipeline(
     )
 
 
-def stage_probe_json(probe: ModelProbe) -> dict[str, Any]:
-    """What a rank writes: its stage's ``ModelProbe`` (``stage_probe_from_json`` reads it back)."""
-    return {
-        "model": probe.model,
-        "description": probe.description,
-        "seq_length": probe.seq_length,
-        "micro_batch_size": probe.micro_batch_size,
-        "attention_backend": probe.attention_backend,
-        "precision": probe.precision,
-        "pipeline_parallel": probe.pipeline_parallel,
-        "stage": probe.stage,
-        "rows": [row.as_dict() for row in probe.rows],
-    }
-
-
 def stage_probe_from_json(data: dict[str, Any]) -> ModelProbe:
-    """A stage's ``ModelProbe`` from a rank's file, or from ``probe --json`` (which adds derived
-    keys, such as the unmeasured rows, that are not fields)."""
+    """A stage's ``ModelProbe`` from a rank's file (``harness.probe.table.probe_json``, as ``probe
+    --json`` writes it: derived keys, such as the unmeasured rows, are not fields)."""
     rows = [ProbeRowResult.from_dict(row) for row in data["rows"]]
     names = {field.name for field in dataclasses.fields(ModelProbe)} - {"rows"}
     return ModelProbe(**{key: value for key, value in data.items() if key in names}, rows=rows)

@@ -33,7 +33,8 @@ def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     from harness.files import write_json_atomic
-    from harness.probe.pipeline import stage_probe, stage_probe_json
+    from harness.probe.pipeline import stage_probe
+    from harness.probe.table import probe_json
 
     probe = stage_probe(
         args.model,
@@ -42,7 +43,7 @@ def main(argv: list[str]) -> int:
         attention_backend=args.attention_backend,
         timeout_s=args.timeout,
     )
-    write_json_atomic(args.out / f"rank{dist.get_rank()}.json", stage_probe_json(probe))
+    write_json_atomic(args.out / f"rank{dist.get_rank()}.json", probe_json(probe))
     dist.destroy_process_group()
     return 0
 
