@@ -80,12 +80,7 @@ def probe_table(probe: ModelProbe) -> str:
             ]
         else:
             cells = ["-"] * 7
-        label = "`[]`" if row is control else f"`{row.label}`"
-        lines.append(
-            "| "
-            + " | ".join([label, *cells, _equivalence(row, probe.precision), _status(row)])
-            + " |"
-        )
+        lines.append(_row_line(row, control, cells, probe.precision))
     return "\n".join(lines)
 
 
@@ -122,12 +117,7 @@ def pipeline_table(probe: ModelProbe) -> str:
             ]
         else:
             cells = ["-"] * 7
-        label = "`[]`" if row is control else f"`{row.label}`"
-        lines.append(
-            "| "
-            + " | ".join([label, *cells, _equivalence(row, probe.precision), _status(row)])
-            + " |"
-        )
+        lines.append(_row_line(row, control, cells, probe.precision))
     return "\n".join(lines)
 
 
@@ -299,6 +289,14 @@ def _extra_holders(probe: ModelProbe, rows: list[ProbeRowResult]) -> list[tuple[
             for what, sizes in counts.items()
         ]
     return out
+
+
+def _row_line(
+    row: ProbeRowResult, control: ProbeRowResult, cells: list[str], precision: str
+) -> str:
+    """One markdown row: the label, the measured cells, the equivalence verdict and the status."""
+    label = "`[]`" if row is control else f"`{row.label}`"
+    return "| " + " | ".join([label, *cells, _equivalence(row, precision), _status(row)]) + " |"
 
 
 def probe_json(probe: ModelProbe) -> dict[str, Any]:
