@@ -88,6 +88,11 @@ def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
         pass
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's or a job's CPU set)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

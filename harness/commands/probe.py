@@ -12,6 +12,7 @@ from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
 from harness.probe.plan import PRECISIONS, parse_label_sets
+from harness.processes import usable_cores
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +67,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="probe each stage of an N-stage pipeline of --model under Megatron Core's 1F1B "
         "schedule (N CPU ranks under torchrun): [] and full recompute per stage, with the "
         "micro-batches in flight; each stage has its own goldens (docs/probe-coverage.md)",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=usable_cores(),
+        metavar="N",
+        help="probe passes (a model at a precision) run at once, each on a worker process of its "
+        f"own (default: the usable cores, {usable_cores()} here; 1: every pass in this process)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -132,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
     from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
     from harness.models import STYLE_MODELS, buildable_model, buildable_models, not_on_this_tree
     from harness.probe.axes import coverage
+    from harness.probe.passes import probe_passes
     from harness.probe.pipeline import check_pipelinable, probe_pipeline
-    from harness.probe.runner import probe_errors, probe_models
+    from harness.probe.runner import probe_errors
     from harness.probe.table import (
         attribution_table,
         carried_table,
@@ -161,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             )
         return EXIT_OK
     names = buildable_models() if args.all else [buildable_model(args.model).name]
+    if args.jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
     if not 0 < args.hang_timeout <= 600:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
@@ -181,18 +193,19 @@ def run(args: argparse.Namespace) -> int:
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
     else:
-        probes = [
-            probe
-            for precision in dict.fromkeys(args.precision)
-            for probe in probe_models(
+        try:
+            probes = probe_passes(
                 names,
-                label_sets,
+                list(dict.fromkeys(args.precision)),
+                jobs=args.jobs,
+                label_sets=label_sets,
                 hang_timeout_s=args.hang_timeout,
                 attention_backend=args.attention_backend,
-                precision=precision,
                 **sizes,
             )
-        ]
+        except RuntimeError as exc:  # a pass worker died or hung (and was killed): nothing written
+            print(f"recompute-harness: error: {exc}", file=sys.stderr)
+            return EXIT_FAILED
     if args.coverage:
         found = coverage(probes)
         print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")

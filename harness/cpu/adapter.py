@@ -68,6 +68,21 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    ``"cpu"``. It replaces no object: the schedule, its p2p communication and every recompute path run
    unmodified, and outside that call nothing changes.
 
+9. Collectives (``torch.distributed.all_reduce``, ``all_gather_into_tensor``, ``reduce_scatter_tensor``
+   and the others in ``SETTLED_COLLECTIVES``) return only once gloo has let go of their tensors. A
+   gloo collective's ``wait()`` returns when the operation is done, but gloo's worker thread drops the
+   work object, which holds the collective's input and output tensors, a moment later, and needs the
+   GIL to do it: measured, 615 of 2,000 all-reduces of a ``[32, 2]`` tensor on a world of one still
+   held it when ``all_reduce`` returned. So vocab-parallel cross-entropy's ``[s, b]`` all-reduces
+   (issued even on a TP group of one) were sometimes alive at a phase's peak, by the machine's load
+   (``peak_backward_bytes`` +256 on one row of a loaded run). Each collective waits, yielding the GIL,
+   until every tensor it was given is back to the reference count it had (bounded by
+   ``SETTLE_LIMIT_S``). ``async_op=True`` runs the collective to completion at once and returns a
+   completed handle: CPU work is synchronous (part 7), so only the overlap a GPU gets is lost, and
+   the tensors are the caller's either way. Module globals of Megatron Core bound to the originals at
+   import (``tensor_parallel.mappings.dist_all_gather_func``, ...) are rebound too. The values a
+   collective computes are unchanged.
+
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
 ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
@@ -77,11 +92,14 @@ torchrun's environment) and MCore's model-parallel state on it, with the given T
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import inspect
 import logging
 import os
+import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -111,6 +129,16 @@ PATCHED_SURFACE: dict[str, dict[str, str]] = {
     "torch.cuda.Stream": {"f5b9547b46603680": _TORCH},
     "torch.cuda.current_stream": {"ca5387f64ee12c98": _TORCH},
     "torch.cuda.stream": {"a701c622b6f531dc": _TORCH},
+    "torch.distributed.all_reduce": {"d4fb262e12e01f83": _TORCH},  # part 9
+    "torch.distributed.all_gather": {"aa8dd34faf8a8136": _TORCH},  # part 9
+    "torch.distributed.all_gather_into_tensor": {"39e1f291caa878fe": _TORCH},  # part 9
+    "torch.distributed._all_gather_base": {"384e9dad9ef17eec": _TORCH},  # part 9
+    "torch.distributed.reduce_scatter": {"4474d42f384951a1": _TORCH},  # part 9
+    "torch.distributed.reduce_scatter_tensor": {"d6134d4c8f09f0b5": _TORCH},  # part 9
+    "torch.distributed._reduce_scatter_base": {"826532aa3b24d3df": _TORCH},  # part 9
+    "torch.distributed.all_to_all": {"f7f0ed41670ee824": _TORCH},  # part 9
+    "torch.distributed.all_to_all_single": {"066612402d3aa8fc": _TORCH},  # part 9
+    "torch.distributed.broadcast": {"415ad7dc82957788": _TORCH},  # part 9
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": {"aa26caaa069c5c4f": _MCORE},
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": {"b179c9d95438b61c": _MCORE},
 }
@@ -164,6 +192,23 @@ _ORIGINALS: dict[str, Any] = {
     "megatron.core.tensor_parallel.random._get_cuda_rng_state": mcore_random._get_cuda_rng_state,
     "megatron.core.tensor_parallel.random._set_cuda_rng_state": mcore_random._set_cuda_rng_state,
 }
+# Part 9: collectives that return only once gloo has let go of their tensors.
+SETTLED_COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "all_gather_into_tensor",
+    "_all_gather_base",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "_reduce_scatter_base",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+)
+SETTLE_LIMIT_S = 2.0  # past it the caller goes on: a wait that never ends must not become a hang
+_ORIGINALS.update(
+    {f"torch.distributed.{name}": getattr(dist, name) for name in SETTLED_COLLECTIVES}
+)
 _FP8_NAMES_BOUND_UPSTREAM = {name: hasattr(mcore_random, name) for name in FP8_DISABLED_NAMES}
 
 
@@ -184,6 +229,64 @@ def replaced_drift() -> list[str]:
 def drifted_objects() -> list[str]:
     """The names of the drifted replaced objects alone, in ``replaced_drift()`` order."""
     return [line.split(":", 1)[0] for line in replaced_drift()]
+
+
+class _CompletedWork:
+    """What an ``async_op=True`` collective returns here: it has already run to completion."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+def _tensors_given(arguments: dict[str, Any]) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for value in arguments.values():
+        items = value if isinstance(value, list | tuple) else (value,)
+        found += [item for item in items if isinstance(item, torch.Tensor)]
+    return found
+
+
+def _settled(collective: Any) -> Any:
+    """``collective`` (part 9): synchronous, and returning once its tensors are let go."""
+    signature = inspect.signature(collective)
+
+    @functools.wraps(collective)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        async_op = bound.arguments.pop("async_op", False)
+        held = [(tensor, tensor._use_count()) for tensor in _tensors_given(bound.arguments)]
+        collective(*bound.args, **bound.kwargs)
+        deadline = time.monotonic() + SETTLE_LIMIT_S
+        while time.monotonic() < deadline and any(
+            tensor._use_count() > count for tensor, count in held
+        ):
+            time.sleep(0)  # yields the GIL, which gloo's worker thread needs to drop the work
+        return _CompletedWork() if async_op else None
+
+    call.__wrapped_collective__ = collective  # type: ignore[attr-defined]
+    return call
+
+
+def settle_collectives() -> list[str]:
+    """Part 9: ``torch.distributed``'s collectives, and Megatron Core module globals bound to them at
+    import, become their settled forms. Returns the "module.name" globals rebound."""
+    settled = {}
+    for name in SETTLED_COLLECTIVES:
+        original = _ORIGINALS[f"torch.distributed.{name}"]
+        settled[id(original)] = _settled(original)
+        setattr(dist, name, settled[id(original)])
+    rebound = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not module_name.startswith("megatron.core"):
+            continue
+        for key, value in list(vars(module).items()):
+            if callable(value) and id(value) in settled:
+                vars(module)[key] = settled[id(value)]
+                rebound.append(f"{module_name}.{key}")
+    return rebound
 
 
 class _FP8Disabled:
@@ -385,6 +488,7 @@ def enable_cpu_adapter() -> bool:
     bind_fp8_disabled_without_te()
     bind_mamba_kernels()
     bind_linear_attention_without_fla()
+    settle_collectives()
     _enabled = True
     return True
 

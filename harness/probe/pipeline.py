@@ -37,7 +37,6 @@ it), and a step past the timeout has its process tree killed and is reported as 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from dataclasses import dataclass
@@ -145,17 +144,7 @@ def probe_pipeline(
     if child.returncode != 0 or len(texts) != pp:
         tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{what} failed (exit {child.returncode}): {tail}")
-    return sorted(
-        (stage_probe_from_json(json.loads(text)) for text in texts), key=lambda p: p.stage
-    )
-
-
-def stage_probe_from_json(data: dict[str, Any]) -> ModelProbe:
-    """A stage's ``ModelProbe`` from a rank's file (``harness.probe.table.probe_json``, as ``probe
-    --json`` writes it: derived keys, such as the unmeasured rows, are not fields)."""
-    rows = [ProbeRowResult.from_dict(row) for row in data["rows"]]
-    names = {field.name for field in dataclasses.fields(ModelProbe)} - {"rows"}
-    return ModelProbe(**{key: value for key, value in data.items() if key in names}, rows=rows)
+    return sorted((ModelProbe.from_dict(json.loads(text)) for text in texts), key=lambda p: p.stage)
 
 
 # --- on each rank (harness.probe.pipeline_worker) -------------------------------------------------

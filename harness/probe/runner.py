@@ -7,6 +7,7 @@ may hang run isolated (harness.probe.isolate), started before and collected afte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import os
 import sys
@@ -150,6 +151,17 @@ class ModelProbe:
         if self.pipeline_parallel > 1:
             qualifiers.append(f"PP {self.pipeline_parallel} stage {self.stage}")
         return f"{self.model} ({', '.join(qualifiers)})" if qualifiers else self.model
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelProbe:
+        """A probe from ``probe --json``'s form (``harness.probe.table.probe_json``, as a pipeline
+        rank or a pass worker writes it): keys it derives, such as the unmeasured rows, are not
+        fields and are dropped."""
+        names = {item.name for item in dataclasses.fields(cls)} - {"rows"}
+        return cls(
+            **{key: value for key, value in data.items() if key in names},
+            rows=[ProbeRowResult.from_dict(row) for row in data["rows"]],
+        )
 
 
 @dataclass

@@ -24,6 +24,7 @@ from harness.cli import main
         (["probe", "--all", "--hang-timeout", "-1"], "--hang-timeout must be in (0, 600] seconds"),
         (["probe"], "one of the arguments --model --all --list is required"),
         (["probe", "--model", "dense-tiny", "--precision", "fp8"], "invalid choice: 'fp8'"),
+        (["probe", "--all", "--jobs", "0"], "--jobs must be at least 1, got 0"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(capsys, argv, message):

@@ -230,3 +230,29 @@ def test_mamba_kernels_are_bound_only_where_megatron_core_left_them_unbound(cpu_
     assert mamba_mixer.causal_conv1d_fn is mamba_kernels.causal_conv1d_fn
     assert mamba_mixer.ExtendedRMSNorm is mamba_kernels.RMSNormGated
     assert adapter.bind_mamba_kernels() == []
+
+
+def test_a_collective_returns_once_gloo_has_let_go_of_its_tensors(cpu_group):
+    # Without part 9, about a third of these all-reduces (a world of one, gloo) returned while gloo's
+    # worker thread still held the tensor: alive at a phase's peak, by the machine's load.
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    still_held = 0
+    for _ in range(500):
+        tensor = torch.randn(32, 2)
+        before = tensor._use_count()
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        still_held += tensor._use_count() != before
+    assert still_held == 0
+    # async_op: already complete, and the values are the collective's.
+    tensor = torch.arange(4.0)
+    handle = dist.all_reduce(tensor, async_op=True)
+    assert handle.is_completed() and handle.wait() and tensor.tolist() == [0.0, 1.0, 2.0, 3.0]
+    gathered = torch.empty(4)
+    mappings.dist_all_gather_func(gathered, tensor)  # bound at Megatron Core's import: rebound
+    assert gathered.equal(tensor)
+    assert (
+        mappings.dist_all_gather_func.__wrapped_collective__
+        is adapter._ORIGINALS["torch.distributed.all_gather_into_tensor"]
+    )

@@ -66,7 +66,7 @@ def test_labels_list_the_passes_that_measured_them(axes):
 
 
 def test_probe_coverage_json(capsys):
-    argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn"]
+    argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn", "--jobs", "1"]
     assert main([*argv, "--precision", "fp32", "--coverage", "--json"]) == 0
     found = json.loads(capsys.readouterr().out)
     assert {"axis": "precision", "value": "fp32"}.items() <= found["axes"][0].items()

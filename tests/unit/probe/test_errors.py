@@ -54,7 +54,7 @@ def test_a_model_whose_control_raises_records_every_row_as_error(monkeypatch):
 
 
 def test_probe_exits_1_naming_each_row_that_raised(core_attn_raises, tmp_path, capsys):
-    argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn", "mlp"]
+    argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn", "mlp", "--jobs", "1"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     # The bf16 pass runs the same rows: each raising row is named with its pass.
