@@ -270,12 +270,16 @@ def _settled(collective: Any) -> Any:
     return call
 
 
+def original_collectives() -> dict[str, Any]:
+    """torch's own collectives of ``SETTLED_COLLECTIVES``, by name (what part 9 wraps)."""
+    return {name: _ORIGINALS[f"torch.distributed.{name}"] for name in SETTLED_COLLECTIVES}
+
+
 def settle_collectives() -> list[str]:
     """Part 9: ``torch.distributed``'s collectives, and Megatron Core module globals bound to them at
     import, become their settled forms. Returns the "module.name" globals rebound."""
     settled = {}
-    for name in SETTLED_COLLECTIVES:
-        original = _ORIGINALS[f"torch.distributed.{name}"]
+    for name, original in original_collectives().items():
         settled[id(original)] = _settled(original)
         setattr(dist, name, settled[id(original)])
     rebound = []

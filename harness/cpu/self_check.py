@@ -13,6 +13,10 @@ by source text:
    (``CheckpointWithoutOutput*`` and the module functions and classes they reach, transitively) is
    bound, in the module or builtins, or bound by the adapter (``FP8_DISABLED_NAMES``). An unbound one
    would raise ``NameError`` mid-probe; it is named with the code that reaches it.
+3. Collectives let go of their tensors before they return (the adapter's part 9): no Megatron Core
+   module global still names one of torch's own collectives, and all-reduces on the gloo group leave
+   their tensor with the reference count it had. A step's tensor held by gloo past the call would be
+   counted at a phase's peak by the machine's load.
 
 ``self_check_problems()`` returns one line per failure (empty: the adapter works here).
 """
@@ -23,6 +27,7 @@ import ast
 import builtins
 import dis
 import inspect
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +36,12 @@ import torch
 from megatron.core.tensor_parallel import random as mcore_random
 
 from harness.config.revisions import collect_revisions
-from harness.cpu.adapter import init_cpu_parallel_state, replaced_drift, reseed
+from harness.cpu.adapter import (
+    init_cpu_parallel_state,
+    original_collectives,
+    replaced_drift,
+    reseed,
+)
 from harness.errors import UsageError
 
 # Entry points of the output-discard path; absent ones (older revisions) are skipped.
@@ -199,6 +209,29 @@ def replay_problems() -> list[str]:
     return problems
 
 
+def collective_problems(calls: int = 200) -> list[str]:
+    """Check 3: one line per Megatron Core global bound to an unsettled collective, or one line if
+    any of ``calls`` all-reduces returned while gloo still held its tensor."""
+    originals = {id(original): name for name, original in original_collectives().items()}
+    problems = [
+        f"{module_name}.{key} is torch's own {originals[id(value)]}, which returns before gloo lets "
+        "go of its tensors"
+        for module_name, module in list(sys.modules.items())
+        if module is not None and module_name.startswith("megatron.core")
+        for key, value in list(vars(module).items())
+        if id(value) in originals
+    ]
+    held = 0
+    for _ in range(calls):
+        tensor = torch.zeros(32, 2)
+        before = tensor._use_count()
+        torch.distributed.all_reduce(tensor)
+        held += tensor._use_count() != before
+    if held:
+        problems.append(f"{held} of {calls} all-reduces returned while gloo still held the tensor")
+    return problems
+
+
 def self_check_problems() -> list[str]:
     """Every way the adapter fails on this revision, one line each (empty: it works here)."""
     te_names = _te_imports(mcore_random)
@@ -208,7 +241,7 @@ def self_check_problems() -> list[str]:
         + f", which {', '.join(sorted(set(where)))} looks up in {mcore_random.__name__}"
         for name, where in sorted(unbound_output_discard_names().items())
     ]
-    return problems or replay_problems()
+    return problems or replay_problems() + collective_problems()
 
 
 def require_working_adapter(action: str) -> list[str]:

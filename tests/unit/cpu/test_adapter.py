@@ -252,7 +252,19 @@ def test_a_collective_returns_once_gloo_has_let_go_of_its_tensors(cpu_group):
     gathered = torch.empty(4)
     mappings.dist_all_gather_func(gathered, tensor)  # bound at Megatron Core's import: rebound
     assert gathered.equal(tensor)
-    assert (
-        mappings.dist_all_gather_func.__wrapped_collective__
-        is adapter._ORIGINALS["torch.distributed.all_gather_into_tensor"]
+    original = adapter.original_collectives()["all_gather_into_tensor"]
+    assert mappings.dist_all_gather_func.__wrapped_collective__ is original
+
+
+def test_self_check_names_a_megatron_global_left_on_an_unsettled_collective(monkeypatch, cpu_group):
+    from megatron.core.tensor_parallel import mappings
+
+    original = adapter.original_collectives()["reduce_scatter_tensor"]
+    monkeypatch.setattr(mappings, "dist_reduce_scatter_func", original)
+    expected = (
+        "megatron.core.tensor_parallel.mappings.dist_reduce_scatter_func is torch's own "
+        "reduce_scatter_tensor, which returns before gloo lets go of its tensors"
     )
+    assert self_check.collective_problems() == [expected]
+    with pytest.raises(UsageError, match="dist_reduce_scatter_func is torch's own"):
+        self_check.require_working_adapter("write CPU goldens")
