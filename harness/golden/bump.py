@@ -21,9 +21,10 @@ from harness.golden.labels import manifest_verdict, write_manifest
 from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
 from harness.models import buildable_models
+from harness.probe.passes import probe_passes
 from harness.probe.plan import PRECISIONS
-from harness.probe.runner import probe_models
 from harness.probe.table import probe_table, unmeasured_table
+from harness.processes import usable_cores
 
 
 @dataclass
@@ -100,11 +101,12 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
                 "(harness/cpu/self_check.py says what failed), then rerun ci/golden-refresh.sh"
             )
             return
-        probes = [
-            probe
-            for precision in PRECISIONS
-            for probe in probe_models(buildable_models(), precision=precision)
-        ]
+        try:
+            probes = probe_passes(buildable_models(), PRECISIONS, jobs=usable_cores())
+        except RuntimeError as exc:  # a pass worker died or hung (and was killed): nothing written
+            print(f"failed: {exc}")
+            summary.left.append("CPU goldens: a probe pass failed (see above)")
+            return
         for result in probes:
             print(probe_table(result) + "\n")
         unmeasured = unmeasured_table(probes)
