@@ -83,6 +83,20 @@ def run_compiled_helpers_eagerly() -> None:
     os.environ.setdefault("TORCH_COMPILE_DISABLE", "1")
 
 
+def forget_compilations() -> None:
+    """Drop what TorchDynamo has compiled in this process (if it was imported at all), so that the
+    next probe pass compiles Megatron Core's ``torch.compile``'d code as a fresh process would.
+
+    Dynamo's caches belong to the code object, across model instances: a recompile per new instance,
+    a recompile limit, shapes marked dynamic after a second one. What a pass ran compiled therefore
+    depended on the passes run before it in the same process. Measured on the head: mhc-tiny's bf16
+    rows (its hyper-connections are ``torch.compile``'d) retained 512 B more, and its ``[]`` control
+    differed from itself in 35 values, when its fp32 pass had run first in the process."""
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is not None:
+        dynamo.reset()
+
+
 def upstream_compile() -> Callable[..., Any]:
     """``torch.compile`` as torch defines it (deferred or not)."""
     import torch

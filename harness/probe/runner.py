@@ -21,6 +21,7 @@ import torch
 
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_available
+from harness.cpu.deferred_compile import forget_compilations
 from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
 from harness.probe.carried import frozen_across_rows
@@ -419,6 +420,7 @@ def _probe_in_process(
     row_timeout_s: float,
     cleanup: Callable[[], None],
 ) -> ModelProbe:
+    forget_compilations()  # a pass measures what a fresh process would, whatever ran before it
     try:
         with watchdog(row_timeout_s, f"the [] control of {style.name}", cleanup):
             base = baseline(style.name, seed=seed, **sizes)
