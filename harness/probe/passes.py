@@ -120,7 +120,6 @@ def _start_worker(options: dict[str, Any]) -> _Worker:
 def _on_workers(
     passes: list[tuple[str, str]], jobs: int, options: dict[str, Any], pass_timeout_s: float
 ) -> list[ModelProbe]:
-    options = {**options, "label_sets": options.get("label_sets")}
     waiting = list(enumerate(passes))
     results: dict[int, ModelProbe] = {}
     workers: list[_Worker] = []
