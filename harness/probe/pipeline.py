@@ -1,7 +1,7 @@
 """The probe on a pipeline: each stage of a ``pp``-stage model under Megatron Core's own 1F1B schedule.
 
 ``probe --model NAME --pipeline-parallel N`` starts ``N`` CPU ranks under torchrun (gloo,
-``harness.probe.pipeline_worker``). Each rank builds its stage as a training script's model provider
+``harness.probe.rank_worker``). Each rank builds its stage as a training script's model provider
 does (MCore's ``TransformerBlock`` builds only the stage's layers; ``pre_process`` / ``post_process``
 from the parallel state) and runs one training step of ``PIPELINE_MICROBATCHES`` micro-batches through
 ``get_forward_backward_func()`` (``forward_backward_pipelining_without_interleaving``) for ``[]`` and
@@ -37,8 +37,6 @@ it), and a step past the timeout has its process tree killed and is reported as 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +63,7 @@ from harness.probe.measure import (
     saved_during,
 )
 from harness.probe.plan import CONTROL
+from harness.probe.ranks import run_probe_ranks
 from harness.probe.runner import DTYPES, ModelProbe, ProbeRowResult, single_thread
 from harness.probe.status import (
     CONTROL_STATUS,
@@ -74,7 +73,6 @@ from harness.probe.status import (
     compare_numerics,
 )
 from harness.probe.sweep import full_recompute_fields
-from harness.processes import run_cpu_torchrun
 
 PIPELINE_MICROBATCHES = 4  # more than the stages: 1F1B reaches its steady state on every stage
 PIPELINE_TIMEOUT_S = 600.0  # as the estimate's ranks: a loaded 2-core machine runs them ~4x slower
@@ -122,9 +120,8 @@ def probe_pipeline(
     check_pipelinable(buildable_model(model), pp)
     if precision not in DTYPES:
         raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
-    child, texts = run_cpu_torchrun(
+    stages = run_probe_ranks(
         pp,
-        "harness.probe.pipeline_worker",
         [
             "--model",
             model,
@@ -134,31 +131,14 @@ def probe_pipeline(
             precision,
             "--attention-backend",
             attention_backend,
-            "--timeout",
-            str(timeout_s),
         ],
+        what=f"the PP {pp} probe of {model} ({precision}, {attention_backend})",
         timeout_s=timeout_s,
     )
-    what = f"the PP {pp} probe of {model} ({precision}, {attention_backend})"
-    if child is None:
-        raise RuntimeError(f"hang: {what} ran past {timeout_s:.0f} s; its processes were killed")
-    if child.returncode != 0 or len(texts) != pp:
-        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{what} failed (exit {child.returncode}): {tail}")
-    return sorted(
-        (stage_probe_from_json(json.loads(text)) for text in texts), key=lambda p: p.stage
-    )
+    return sorted(stages, key=lambda probe: probe.stage)
 
 
-def stage_probe_from_json(data: dict[str, Any]) -> ModelProbe:
-    """A stage's ``ModelProbe`` from a rank's file (``harness.probe.table.probe_json``, as ``probe
-    --json`` writes it: derived keys, such as the unmeasured rows, are not fields)."""
-    rows = [ProbeRowResult.from_dict(row) for row in data["rows"]]
-    names = {field.name for field in dataclasses.fields(ModelProbe)} - {"rows"}
-    return ModelProbe(**{key: value for key, value in data.items() if key in names}, rows=rows)
-
-
-# --- on each rank (harness.probe.pipeline_worker) -------------------------------------------------
+# --- on each rank (harness.probe.rank_worker) -------------------------------------------------
 
 
 @dataclass

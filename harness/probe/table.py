@@ -314,6 +314,7 @@ def probe_json(probe: ModelProbe) -> dict[str, Any]:
             if probe.pipeline_parallel > 1
             else {}
         ),
+        **({"tensor_parallel": probe.tensor_parallel} if probe.tensor_parallel > 1 else {}),
     }
 
 

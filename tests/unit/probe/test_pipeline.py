@@ -16,7 +16,8 @@ from harness.golden.probe import probe_records, recipe_name
 from harness.golden.store import CHECKOUT_ROOT, CPU_SUBDIR, golden_filename, load_golden
 from harness.models import style_model
 from harness.probe.axes import MEASURED, NOT_PROBED, coverage
-from harness.probe.pipeline import PIPELINE_MICROBATCHES, probe_pipeline, stage_probe_from_json
+from harness.probe.pipeline import PIPELINE_MICROBATCHES, probe_pipeline
+from harness.probe.ranks import probe_from_json
 from harness.probe.runner import ModelProbe, ProbeRowResult
 
 # One two-rank torchrun probe of 7 rows per stage (~35 s of CPU): .ci/run's "sweeps" step.
@@ -34,7 +35,7 @@ def run() -> tuple[int, list[ModelProbe], str]:
     with contextlib.redirect_stdout(out):
         code = main([*argv, "--check-golden", "--json"])
     found, end = json.JSONDecoder().raw_decode(out.getvalue())
-    return code, [stage_probe_from_json(stage) for stage in found], out.getvalue()[end:]
+    return code, [probe_from_json(stage) for stage in found], out.getvalue()[end:]
 
 
 @pytest.fixture(scope="module")
