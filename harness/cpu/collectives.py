@@ -34,7 +34,7 @@ _WRITTEN = ("tensors", "output")
 
 
 class _StagedCollectives(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace != "c10d":
             return func(*args, **kwargs)
