@@ -31,13 +31,9 @@ from harness.cpu.adapter import init_cpu_parallel_state
 from harness.cpu.collectives import staged_collectives
 from harness.errors import UsageError
 from harness.models import StyleModel, buildable_model
-from harness.probe.ranks import run_probe_ranks
-from harness.probe.runner import DTYPES, ModelProbe, ProbeRowResult, probe_models
+from harness.probe.ranks import RANKS_TIMEOUT_S, check_rank_count, run_probe_ranks
+from harness.probe.runner import ModelProbe, ProbeRowResult, probe_models
 
-TENSOR_PARALLEL_TIMEOUT_S = (
-    600.0  # as the pipeline probe's ranks: ~4x slower on a loaded 2-core box
-)
-MAX_TENSOR_PARALLEL = 8  # one CPU rank each
 # The widths a TP group splits (MCore shards each one across the ranks), where a model sets them.
 SPLIT_WIDTHS = (
     "hidden_size",
@@ -54,11 +50,7 @@ SPLIT_WIDTHS = (
 def check_tensor_parallel(style: StyleModel, tp: int) -> None:
     """Refuse, before any rank starts, a layout the TP probe cannot build (UsageError)."""
     where = f"--tensor-parallel {tp} with {style.name}"
-    if not 2 <= tp <= MAX_TENSOR_PARALLEL:
-        raise UsageError(
-            f"--tensor-parallel must be in [2, {MAX_TENSOR_PARALLEL}] (one CPU rank each; 1 is the "
-            f"probe itself), got {tp}"
-        )
+    check_rank_count("--tensor-parallel", tp, "TP rank")
     if style.hybrid_pattern:
         raise UsageError(
             f"{where}: a hybrid model's Mamba mixers run on CPU kernel stand-ins of one rank "
@@ -77,26 +69,18 @@ def probe_tensor_parallel(
     *,
     precision: str = "fp32",
     attention_backend: str = "unfused",
-    timeout_s: float = TENSOR_PARALLEL_TIMEOUT_S,
+    timeout_s: float = RANKS_TIMEOUT_S,
 ) -> ModelProbe:
     """The probe of ``model`` on ``tp`` torchrun ranks with sequence parallel, as every rank measured
     it. A job that fails or hangs, or ranks that disagree, raise RuntimeError naming the cause."""
     check_tensor_parallel(buildable_model(model), tp)
-    if precision not in DTYPES:
-        raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
     what = f"the TP {tp} + SP probe of {model} ({precision}, {attention_backend})"
     ranks = run_probe_ranks(
+        model,
+        "--tensor-parallel",
         tp,
-        [
-            "--model",
-            model,
-            "--tensor-parallel",
-            str(tp),
-            "--precision",
-            precision,
-            "--attention-backend",
-            attention_backend,
-        ],
+        precision=precision,
+        attention_backend=attention_backend,
         what=what,
         timeout_s=timeout_s,
     )
@@ -147,7 +131,7 @@ def rank_probe(
     precision: str = "fp32",
     attention_backend: str = "unfused",
     seed: int = 1234,
-    timeout_s: float = TENSOR_PARALLEL_TIMEOUT_S,
+    timeout_s: float = RANKS_TIMEOUT_S,
 ) -> ModelProbe:
     """This rank's probe of ``model`` on a TP ``tp`` group with sequence parallel (torchrun's
     environment): the probe's rows as ``probe_models`` runs them, the deadlock row aside (it is
