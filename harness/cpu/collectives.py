@@ -11,9 +11,11 @@ one run and not on the next, and one TP rank and not the other.
 behind each ``torch.distributed`` collective) copies of its tensors, made and copied back with
 Python dispatch off: no measuring mode sees the copies, and a late release frees only them. The
 operator runs as issued, on the same process group, and is waited for before its outputs are copied
-back (an ``async_op`` collective is complete when it returns; its handle's ``wait()`` is then
-immediate, and every rank issues the same collectives in the same order). Entered *outside* every
-measuring mode: they see each collective with Megatron Core's own tensors, as without it.
+back (an ``async_op`` collective is complete when it returns, and every rank issues the same
+collectives in the same order). The caller gets its own tensors and an already-completed work, not
+gloo's: a second ``wait()`` on gloo's work re-runs its post-processing (a split and a copy into the
+copies) with dispatch on, which would show the copies to every measuring mode. Entered *outside*
+every measuring mode: they see each collective with Megatron Core's own tensors, as without it.
 """
 
 from __future__ import annotations

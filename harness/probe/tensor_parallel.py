@@ -135,7 +135,7 @@ def rank_probe(
 ) -> ModelProbe:
     """This rank's probe of ``model`` on a TP ``tp`` group with sequence parallel (torchrun's
     environment): the probe's rows as ``probe_models`` runs them, the deadlock row aside (it is
-    about ``CheckpointFunction`` and runs isolated, on one rank)."""
+    about ``CheckpointFunction``, not TP: the single-process probe runs it, isolated)."""
     check_tensor_parallel(buildable_model(model), tp)
     init_cpu_parallel_state(tp=tp, seed=seed, timeout_s=timeout_s)
     # Outside every measuring mode (harness.cpu.collectives): they see MCore's own tensors.
