@@ -365,6 +365,36 @@ def _decoder_block_spec(config: Any) -> Any:
     return block_spec
 
 
+def sequence_parallel_norm(
+    config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any
+) -> torch.nn.Module:
+    """MCore's ``WrappedTorchNorm`` on a sequence-parallel model: built with SP off, its weights
+    marked ``sequence_parallel``. ``WrappedTorchNorm`` refuses SP only because its weight gradient
+    then needs the TP all-reduce (MCore's ``finalize_model_grads`` does it for parameters marked so,
+    after the step); a norm is per token, so on the ``[s/tp, b, h]`` shard it saves exactly what it
+    saves without SP."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    local = copy.copy(config)
+    local.sequence_parallel = False
+    norm = WrappedTorchNorm(config=local, hidden_size=hidden_size, eps=eps, **kwargs)
+    for parameter in norm.parameters():
+        parameter.sequence_parallel = True
+    return norm
+
+
+def _sequence_parallel_norms(block_spec: Any) -> None:
+    """Every ``WrappedTorchNorm`` of a local decoder block spec (the layers' input and pre-MLP
+    norms, the block's final norm) built as ``sequence_parallel_norm``."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    for spec in (*block_spec.layer_specs, block_spec):
+        submodules = getattr(spec, "submodules", spec)
+        for name in ("input_layernorm", "pre_mlp_layernorm", "layer_norm"):
+            if getattr(submodules, name, None) is WrappedTorchNorm:
+                setattr(submodules, name, sequence_parallel_norm)
+
+
 def _run_linear_attention_helpers_eagerly(module: torch.nn.Module) -> None:
     """On CPU, the ``torch.compile``d (``jit_fuser``) methods of MCore's SSM-family layers (the Gated
     DeltaNet's gated norm, kernel-input preparation, decay and beta) run eagerly on each layer: the
@@ -615,6 +645,8 @@ def build_model(
         return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
     block_spec = _decoder_block_spec(config)
     set_core_attention(block_spec, attention_backend, style.mla)
+    if config.sequence_parallel:
+        _sequence_parallel_norms(block_spec)
     if style.hyper_connections:
         _use_hyper_connections(block_spec)
     mtp: dict[str, Any] = {}

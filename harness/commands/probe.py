@@ -60,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(precision, attention back end, MoE dispatcher, TP/PP, method x num_layers, layer kinds), "
         "where each was measured or why not, and per label the passes that measured it",
     )
-    parser.add_argument(
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument(
         "--pipeline-parallel",
         type=int,
         metavar="N",
@@ -75,6 +76,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="probe passes (a model at a precision) run at once, each on a worker process of its "
         f"own (default: the usable cores, {usable_cores()} here; 1: every pass in this process)",
+    )
+    layout.add_argument(
+        "--tensor-parallel",
+        type=int,
+        metavar="N",
+        help="probe every row of --model on each rank of a TP N group with sequence parallel (N "
+        "CPU ranks under torchrun); the ranks must agree, and each precision has its own goldens "
+        "(docs/probe-coverage.md)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument(
@@ -112,7 +121,8 @@ def _sizes(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.modules and (args.check_golden or args.write_golden):
         raise UsageError("goldens cover the full probe matrix: drop --modules")
-    if args.pipeline_parallel is not None:
+    layout = _layout_option(args)
+    if layout is not None:
         refused = [
             option
             for option, given in (
@@ -126,10 +136,18 @@ def _sizes(args: argparse.Namespace) -> dict[str, Any]:
         ]
         if refused:
             raise UsageError(
-                f"--pipeline-parallel probes [] and full recompute of one --model at its own "
-                f"sizes: drop {', '.join(refused)}"
+                f"{layout} probes one --model at its own sizes: drop {', '.join(refused)}"
             )
     return sizes
+
+
+def _layout_option(args: argparse.Namespace) -> str | None:
+    """The multi-rank layout option given (``--pipeline-parallel`` / ``--tensor-parallel``), if any."""
+    if args.pipeline_parallel is not None:
+        return "--pipeline-parallel"
+    if args.tensor_parallel is not None:
+        return "--tensor-parallel"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,11 +172,15 @@ def run(args: argparse.Namespace) -> int:
         probe_table,
         unmeasured_table,
     )
+    from harness.probe.tensor_parallel import check_tensor_parallel, probe_tensor_parallel
 
-    if args.pipeline_parallel is not None:
+    if _layout_option(args) is not None:
         # Before the adapter's self-check and any golden directory is touched: nothing is written.
         _sizes(args)
-        check_pipelinable(buildable_model(args.model), args.pipeline_parallel)
+        if args.pipeline_parallel is not None:
+            check_pipelinable(buildable_model(args.model), args.pipeline_parallel)
+        else:
+            check_tensor_parallel(buildable_model(args.model), args.tensor_parallel)
     drift: list[str] = []
     if (args.write_golden or args.check_golden) and not args.list:
         drift = refuse_unpinnable(write=args.write_golden, golden_dir=args.golden_dir)
@@ -177,19 +199,30 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)
     label_sets = parse_label_sets(args.modules) if args.modules else None
-    if args.pipeline_parallel is not None:
+    if _layout_option(args) is not None:
         try:
             probes = [
                 probe
                 for precision in dict.fromkeys(args.precision)
-                for probe in probe_pipeline(
-                    names[0],
-                    args.pipeline_parallel,
-                    precision=precision,
-                    attention_backend=args.attention_backend,
+                for probe in (
+                    probe_pipeline(
+                        names[0],
+                        args.pipeline_parallel,
+                        precision=precision,
+                        attention_backend=args.attention_backend,
+                    )
+                    if args.pipeline_parallel is not None
+                    else [
+                        probe_tensor_parallel(
+                            names[0],
+                            args.tensor_parallel,
+                            precision=precision,
+                            attention_backend=args.attention_backend,
+                        )
+                    ]
                 )
             ]
-        except RuntimeError as exc:  # the ranks failed or hung (and were killed): nothing written
+        except RuntimeError as exc:  # the ranks failed, hung (and were killed) or disagreed
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
     else:

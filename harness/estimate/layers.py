@@ -31,7 +31,12 @@ import torch
 from harness.config.fields import RecomputeFields
 from harness.cpu.norm import FusedRMSNorm, norm_column_parallel_linear
 from harness.estimate.model import ATTENTION, CPU_FLAGS, MAMBA, MLP, MOE, Architecture
-from harness.models import hybrid_stack_spec, set_core_attention, transformer_config
+from harness.models import (
+    hybrid_stack_spec,
+    sequence_parallel_norm,
+    set_core_attention,
+    transformer_config,
+)
 from harness.probe.measure import retained_by_forward
 from harness.probe.peaks import live_activation_bytes, memory_tracker
 
@@ -210,23 +215,10 @@ def _draw_weights(layer: torch.nn.Module, seed: int) -> None:
 
 def _gpu_norms(layer_specs: list[Any], normalization: str, sequence_parallel: bool) -> None:
     """The layer norms as a GPU recipe's: RMSNorm -> ``FusedRMSNorm`` (what TE's keeps); LayerNorm
-    stays torch's (``native_layer_norm`` keeps input, mean and rstd on CPU as on GPU), built with
-    SP off when SP is on: MCore's ``WrappedTorchNorm`` refuses SP only because its weight gradient
-    would need the TP all-reduce, and a norm is per token, so on the ``[s/tp, b, h]`` shard it saves
-    exactly what it saves without SP (forward-only here: no gradient is ever reduced)."""
-    import copy
-
+    stays torch's (``native_layer_norm`` keeps input, mean and rstd on CPU as on GPU), under SP as
+    ``harness.models.sequence_parallel_norm`` builds it (forward-only here: no gradient is ever
+    reduced)."""
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    def sequence_parallel_norm(
-        config: Any, hidden_size: int, eps: float = 1e-5, **kwargs: Any
-    ) -> torch.nn.Module:
-        local = copy.copy(config)
-        local.sequence_parallel = False
-        norm = WrappedTorchNorm(config=local, hidden_size=hidden_size, eps=eps, **kwargs)
-        for parameter in norm.parameters():
-            parameter.sequence_parallel = True
-        return norm
 
     replacement = (
         FusedRMSNorm

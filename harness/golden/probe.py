@@ -55,13 +55,18 @@ def refresh_command(attention_backend: str = "unfused") -> str:
 
 
 def probe_refresh_command(probe: ModelProbe) -> str:
-    """The command that rewrites ``probe``'s golden: ``refresh_command`` for a single-stage pass; a
-    pipeline stage's is its model's pipeline probe (every stage and precision of it)."""
-    if probe.pipeline_parallel == 1:
+    """The command that rewrites ``probe``'s golden: ``refresh_command`` for a single-process pass; a
+    pipeline stage's is its model's pipeline probe (every stage and precision of it), a TP pass's its
+    model's TP probe (every precision)."""
+    if probe.pipeline_parallel == 1 and probe.tensor_parallel == 1:
         return refresh_command(probe.attention_backend)
-    return (
-        f"./venv-run recompute-harness probe --model {probe.model} "
+    layout = (
         f"--pipeline-parallel {probe.pipeline_parallel}"
+        if probe.pipeline_parallel > 1
+        else f"--tensor-parallel {probe.tensor_parallel}"
+    )
+    return (
+        f"./venv-run recompute-harness probe --model {probe.model} {layout}"
         + (
             ""
             if probe.attention_backend == "unfused"
@@ -80,16 +85,19 @@ def recipe_name(
     precision: str = "fp32",
     pipeline_parallel: int = 1,
     stage: int = 0,
+    tensor_parallel: int = 1,
 ) -> str:
     """``cpu-probe-<model>``; fused-attention and bf16 probes are their own recipes (and goldens):
     ``cpu-probe-<model>-fused``, ``cpu-probe-<model>-bf16``, ``cpu-probe-<model>-fused-bf16``, and
-    each stage of a pipeline probe too: ``cpu-probe-<model>[-fused][-bf16]-pp<N>-stage<s>``. The
-    unfused fp32 single-stage name is the historical one, so existing goldens load."""
+    each stage of a pipeline probe too: ``cpu-probe-<model>[-fused][-bf16]-pp<N>-stage<s>``, and a
+    TP probe with sequence parallel (its ranks agree): ``cpu-probe-<model>[-fused][-bf16]-tp<N>-sp``.
+    The unfused fp32 single-process name is the historical one, so existing goldens load."""
     return (
         f"cpu-probe-{model}"
         + ("" if attention_backend == "unfused" else f"-{attention_backend}")
         + ("" if precision == "fp32" else f"-{precision}")
         + ("" if pipeline_parallel == 1 else f"-pp{pipeline_parallel}-stage{stage}")
+        + ("" if tensor_parallel == 1 else f"-tp{tensor_parallel}-sp")
     )
 
 
@@ -122,7 +130,12 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
     """Validated ``cpu-probe`` records, one per measured row (rejected / hung rows have none)."""
     records = []
     recipe = recipe_name(
-        probe.model, probe.attention_backend, probe.precision, probe.pipeline_parallel, probe.stage
+        probe.model,
+        probe.attention_backend,
+        probe.precision,
+        probe.pipeline_parallel,
+        probe.stage,
+        probe.tensor_parallel,
     )
     for row in probe.rows:
         if not row.measured or row.add_bias_linear:
@@ -140,7 +153,7 @@ def probe_records(probe: ModelProbe, revisions: dict[str, Any] | None = None) ->
                     precision=probe.precision,
                     attention_backend=RECORD_NAMES[probe.attention_backend],
                     train_iters=None,
-                    parallelism=parallelism(pp=probe.pipeline_parallel),
+                    parallelism=parallelism(tp=probe.tensor_parallel, pp=probe.pipeline_parallel),
                     extra={"probe_status": row.status},
                 ),
                 hardware=hardware(CPU_DEVICE, CPU_GPU_COUNT),

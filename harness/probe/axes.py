@@ -29,14 +29,8 @@ from harness.probe.status import EFFECTIVE, failure_status
 
 MEASURED, NOT_PROBED = "measured", "not-probed"
 # The probe runs one process with TP = PP = EP = 1 (harness.cpu.adapter.init_cpu_parallel_state);
-# its pipeline pass (harness.probe.pipeline) runs PP stages under torchrun. Where the other layouts
-# are measured, or why they are not (docs/estimate.md, docs/probe-coverage.md).
-OUTSIDE_THE_PROBE = {
-    ("tensor parallel", "TP 2 + sequence parallel"): (
-        "measured per layer by `estimate --recipe` (real MCore layers under a gloo TP group, "
-        "harness/estimate/), not per label by the probe: the probe runs one process"
-    ),
-}
+# its pipeline pass (harness.probe.pipeline) runs PP stages under torchrun, its TP pass
+# (harness.probe.tensor_parallel) every row on each rank of a TP group with sequence parallel.
 PIPELINE_SIZES = (1, 2)  # always listed: PP 2 says how to measure it when a run did not
 LAYER_KINDS = (
     "attention",
@@ -64,7 +58,8 @@ def _pass_name(probe: ModelProbe) -> str:
     stage = (
         f", PP {probe.pipeline_parallel} stage {probe.stage}" if probe.pipeline_parallel > 1 else ""
     )
-    return f"{probe.model} ({probe.precision}, {probe.attention_backend}{stage})"
+    tp = f", TP {probe.tensor_parallel} + SP" if probe.tensor_parallel > 1 else ""
+    return f"{probe.model} ({probe.precision}, {probe.attention_backend}{stage}{tp})"
 
 
 def _config_fields() -> dict[str, Any]:
@@ -168,7 +163,12 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
         for model in moe_models[:1]:  # one MoE model is enough to find what the dispatcher needs
             status, reason = _try_dispatcher(model, dispatcher)
             values.append(AxisValue("MoE token dispatcher", dispatcher, status, [model], reason))
-    values.append(AxisValue("tensor parallel", "TP 1", MEASURED, models))
+    add(
+        "tensor parallel",
+        "TP 1",
+        list(dict.fromkeys(probe.model for probe in probes if probe.tensor_parallel == 1)),
+        "not in this run: probe without --tensor-parallel",
+    )
     for size in sorted({*PIPELINE_SIZES, *(probe.pipeline_parallel for probe in probes)}):
         staged = [probe for probe in probes if probe.pipeline_parallel == size]
         add(
@@ -182,8 +182,15 @@ def coverage(probes: list[ModelProbe]) -> dict[str, Any]:
             else f"not in this run: probe --model NAME --pipeline-parallel {size} (one golden "
             "per stage; docs/probe-coverage.md)",
         )
-    for (axis, value), reason in OUTSIDE_THE_PROBE.items():
-        values.append(AxisValue(axis, value, NOT_PROBED, reason=reason))
+    for size in sorted({2, *(probe.tensor_parallel for probe in probes)} - {1}):
+        add(
+            "tensor parallel",
+            f"TP {size} + sequence parallel",
+            [_pass_name(probe) for probe in probes if probe.tensor_parallel == size],
+            f"not in this run: probe --model NAME --tensor-parallel {size} (every row on each "
+            "rank, the ranks must agree; also per layer by `estimate --recipe`; "
+            "docs/probe-coverage.md)",
+        )
     values += _full_recompute_values(probes)
     kinds = {model: _layer_kinds(model) for model in models}
     why_not = {

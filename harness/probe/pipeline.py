@@ -1,7 +1,7 @@
 """The probe on a pipeline: each stage of a ``pp``-stage model under Megatron Core's own 1F1B schedule.
 
 ``probe --model NAME --pipeline-parallel N`` starts ``N`` CPU ranks under torchrun (gloo,
-``harness.probe.pipeline_worker``). Each rank builds its stage as a training script's model provider
+``harness.probe.rank_worker``). Each rank builds its stage as a training script's model provider
 does (MCore's ``TransformerBlock`` builds only the stage's layers; ``pre_process`` / ``post_process``
 from the parallel state) and runs one training step of ``PIPELINE_MICROBATCHES`` micro-batches through
 ``get_forward_backward_func()`` (``forward_backward_pipelining_without_interleaving``) for ``[]`` and
@@ -37,7 +37,6 @@ it), and a step past the timeout has its process tree killed and is reported as 
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +63,7 @@ from harness.probe.measure import (
     saved_during,
 )
 from harness.probe.plan import CONTROL
+from harness.probe.ranks import RANKS_TIMEOUT_S, check_rank_count, run_probe_ranks
 from harness.probe.runner import DTYPES, ModelProbe, ProbeRowResult, single_thread
 from harness.probe.status import (
     CONTROL_STATUS,
@@ -73,11 +73,8 @@ from harness.probe.status import (
     compare_numerics,
 )
 from harness.probe.sweep import full_recompute_fields
-from harness.processes import run_cpu_torchrun
 
 PIPELINE_MICROBATCHES = 4  # more than the stages: 1F1B reaches its steady state on every stage
-PIPELINE_TIMEOUT_S = 600.0  # as the estimate's ranks: a loaded 2-core machine runs them ~4x slower
-MAX_PIPELINE_STAGES = 8  # one CPU rank per stage
 # The schedule's settings (module docstring): Megatron-LM's training sets, with p2p unbatched for gloo.
 SCHEDULE_CONFIG: dict[str, Any] = {"deallocate_pipeline_outputs": True, "batch_p2p_comm": False}
 
@@ -85,11 +82,7 @@ SCHEDULE_CONFIG: dict[str, Any] = {"deallocate_pipeline_outputs": True, "batch_p
 def check_pipelinable(style: StyleModel, pp: int) -> None:
     """Refuse, before any rank starts, a layout the pipeline probe cannot build (UsageError)."""
     where = f"--pipeline-parallel {pp} with {style.name}"
-    if not 2 <= pp <= MAX_PIPELINE_STAGES:
-        raise UsageError(
-            f"--pipeline-parallel must be in [2, {MAX_PIPELINE_STAGES}] (one CPU rank per stage; "
-            f"1 is the probe itself), got {pp}"
-        )
+    check_rank_count("--pipeline-parallel", pp, "stage")
     if style.hybrid_pattern:
         raise UsageError(
             f"{where}: a hybrid model's stack is built whole here (harness/models.py); the pipeline "
@@ -114,40 +107,24 @@ def probe_pipeline(
     *,
     precision: str = "fp32",
     attention_backend: str = "unfused",
-    timeout_s: float = PIPELINE_TIMEOUT_S,
+    timeout_s: float = RANKS_TIMEOUT_S,
 ) -> list[ModelProbe]:
     """One ``ModelProbe`` per stage, in stage order, from ``pp`` torchrun ranks. A job that fails or
     hangs raises RuntimeError naming the cause (its last line, or the timeout)."""
     check_pipelinable(buildable_model(model), pp)
-    if precision not in DTYPES:
-        raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
-    child, texts = run_cpu_torchrun(
+    stages = run_probe_ranks(
+        model,
+        "--pipeline-parallel",
         pp,
-        "harness.probe.pipeline_worker",
-        [
-            "--model",
-            model,
-            "--pipeline-parallel",
-            str(pp),
-            "--precision",
-            precision,
-            "--attention-backend",
-            attention_backend,
-            "--timeout",
-            str(timeout_s),
-        ],
+        precision=precision,
+        attention_backend=attention_backend,
+        what=f"the PP {pp} probe of {model} ({precision}, {attention_backend})",
         timeout_s=timeout_s,
     )
-    what = f"the PP {pp} probe of {model} ({precision}, {attention_backend})"
-    if child is None:
-        raise RuntimeError(f"hang: {what} ran past {timeout_s:.0f} s; its processes were killed")
-    if child.returncode != 0 or len(texts) != pp:
-        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"{what} failed (exit {child.returncode}): {tail}")
-    return sorted((ModelProbe.from_dict(json.loads(text)) for text in texts), key=lambda p: p.stage)
+    return sorted(stages, key=lambda probe: probe.stage)
 
 
-# --- on each rank (harness.probe.pipeline_worker) -------------------------------------------------
+# --- on each rank (harness.probe.rank_worker) -------------------------------------------------
 
 
 @dataclass
@@ -345,7 +322,7 @@ def stage_probe(
     precision: str = "fp32",
     attention_backend: str = "unfused",
     seed: int = 1234,
-    timeout_s: float = PIPELINE_TIMEOUT_S,
+    timeout_s: float = RANKS_TIMEOUT_S,
 ) -> ModelProbe:
     """This rank's stage of ``model`` on a ``pp``-stage pipeline (torchrun's environment): ``[]``
     and every full-recompute row for the stage's depth."""

@@ -135,6 +135,8 @@ class ModelProbe:
     # Pipeline-parallel size and this probe's stage (harness.probe.pipeline); 1 and 0: the whole model
     pipeline_parallel: int = 1
     stage: int = 0
+    # Tensor-parallel size, sequence parallel on when above 1 (harness.probe.tensor_parallel)
+    tensor_parallel: int = 1
 
     @property
     def control(self) -> ProbeRowResult:
@@ -151,6 +153,8 @@ class ModelProbe:
         ]
         if self.pipeline_parallel > 1:
             qualifiers.append(f"PP {self.pipeline_parallel} stage {self.stage}")
+        if self.tensor_parallel > 1:
+            qualifiers.append(f"TP {self.tensor_parallel} + SP")
         return f"{self.model} ({', '.join(qualifiers)})" if qualifiers else self.model
 
     @classmethod
@@ -356,9 +360,12 @@ def probe_models(
     micro_batch_size: int | None = None,
     attention_backend: str = "unfused",
     precision: str = "fp32",
+    sequence_parallel: bool = False,
 ) -> list[ModelProbe]:
     """Probe each model; rows that may hang run in parallel child processes under a timeout
     (``hang_probe=False`` leaves them out), every other row in this process under a watchdog.
+    ``sequence_parallel``: the models are built with it (on a rank of a TP group,
+    harness.probe.tensor_parallel).
 
     ``precision`` (harness.probe.plan.PRECISIONS) is the parameters' and activations' dtype. The
     deadlock row is probed in fp32 only: it is about ``CheckpointFunction``, not the dtype."""
@@ -369,6 +376,8 @@ def probe_models(
         if value is not None
     }
     sizes["attention_backend"] = attention_backend
+    if sequence_parallel:
+        sizes["sequence_parallel"] = True
     if precision not in DTYPES:
         raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
     if precision != "fp32":

@@ -51,11 +51,16 @@ def _status(row: ProbeRowResult) -> str:
 
 def probe_table(probe: ModelProbe) -> str:
     control = probe.control
+    tensor_parallel = (
+        f", TP {probe.tensor_parallel} + sequence parallel (per rank; the ranks agree)"
+        if probe.tensor_parallel > 1
+        else ""
+    )
     lines = [
         f"## {probe.model} — {probe.description}",
         (
             f"seq {probe.seq_length}, micro-batch {probe.micro_batch_size}, {probe.precision}, CPU, {probe.attention_backend} "
-            "core attention; bytes retained by "
+            f"core attention{tensor_parallel}; bytes retained by "
             "autograd at the end of forward; FLOPs of backward (matmul-class ops); bytes a second step leaves "
             "alive after backward (carried)"
         ),
@@ -314,6 +319,7 @@ def probe_json(probe: ModelProbe) -> dict[str, Any]:
             if probe.pipeline_parallel > 1
             else {}
         ),
+        **({"tensor_parallel": probe.tensor_parallel} if probe.tensor_parallel > 1 else {}),
     }
 
 

@@ -177,3 +177,24 @@ def test_probe_refuses_a_pipeline_it_cannot_build(tmp_path, capsys, argv, proble
     assert main(["probe", *argv, "--write-golden", "--golden-dir", str(golden_dir)]) == 2
     assert problem in _err(capsys)
     assert not golden_dir.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, problem",
+    [
+        # nemotron-tiny has 2 query groups (harness/models.py): a TP 4 group cannot split them.
+        (["--model", "nemotron-tiny", "--tensor-parallel", "4"], "num_query_groups 2 does not"),
+        # dense-tiny's 4 attention heads over 8 ranks.
+        (["--model", "dense-tiny", "--tensor-parallel", "8"], "num_attention_heads 4 does not"),
+        (["--model", "dense-tiny", "--tensor-parallel", "1"], "must be in [2, 8]"),
+        (["--model", "nemotron-h-tiny", "--tensor-parallel", "2"], "hybrid model"),
+        (["--all", "--tensor-parallel", "2"], "drop --all"),
+        (["--model", "dense-tiny", "--tensor-parallel", "2", "--seq-length", "64"], "drop"),
+    ],
+)
+def test_probe_refuses_a_tensor_parallel_layout_it_cannot_build(tmp_path, capsys, argv, problem):
+    # Refused in one line before any rank starts or any golden directory is touched.
+    golden_dir = tmp_path / "goldens"
+    assert main(["probe", *argv, "--write-golden", "--golden-dir", str(golden_dir)]) == 2
+    assert problem in _err(capsys)
+    assert not golden_dir.exists()

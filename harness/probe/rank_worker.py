@@ -1,7 +1,9 @@
-"""One stage of the pipeline probe (``torchrun --nproc-per-node PP -m harness.probe.pipeline_worker``).
+"""One rank of a multi-rank probe (``torchrun --nproc-per-node N -m harness.probe.rank_worker``).
 
-Each rank probes its stage (``harness.probe.pipeline.stage_probe``) and writes ``rank<r>.json`` into
-``--out``: its stage's ``ModelProbe``. Started by ``harness.probe.pipeline.probe_pipeline``.
+``--pipeline-parallel N``: the rank probes its pipeline stage (``harness.probe.pipeline.stage_probe``);
+``--tensor-parallel N``: the rank runs the probe's rows on its share of a TP group with sequence
+parallel (``harness.probe.tensor_parallel.rank_probe``). Each writes ``rank<r>.json`` into ``--out``:
+its ``ModelProbe``, read back by ``harness.probe.ranks.run_probe_ranks``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ def main(argv: list[str]) -> int:
     die_with_parent()  # a killed harness (or torchrun agent) takes this rank with it
     defer_compile_before_megatron_core()  # CPU adapter part 4, before Megatron Core imports
     run_compiled_helpers_eagerly()  # byte counts are the same
-    parser = argparse.ArgumentParser(prog="harness.probe.pipeline_worker")
+    parser = argparse.ArgumentParser(prog="harness.probe.rank_worker")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--pipeline-parallel", type=int, required=True)
+    layout = parser.add_mutually_exclusive_group(required=True)
+    layout.add_argument("--pipeline-parallel", type=int)
+    layout.add_argument("--tensor-parallel", type=int)
     parser.add_argument("--precision", required=True)
     parser.add_argument("--attention-backend", required=True)
     parser.add_argument("--out", required=True, type=Path)
@@ -35,13 +39,17 @@ def main(argv: list[str]) -> int:
     from harness.files import write_json_atomic
     from harness.probe.pipeline import stage_probe
     from harness.probe.table import probe_json
+    from harness.probe.tensor_parallel import rank_probe
 
-    probe = stage_probe(
-        args.model,
-        args.pipeline_parallel,
-        precision=args.precision,
-        attention_backend=args.attention_backend,
-        timeout_s=args.timeout,
+    options = {
+        "precision": args.precision,
+        "attention_backend": args.attention_backend,
+        "timeout_s": args.timeout,
+    }
+    probe = (
+        stage_probe(args.model, args.pipeline_parallel, **options)
+        if args.pipeline_parallel is not None
+        else rank_probe(args.model, args.tensor_parallel, **options)
     )
     write_json_atomic(args.out / f"rank{dist.get_rank()}.json", probe_json(probe))
     dist.destroy_process_group()
