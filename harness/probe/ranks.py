@@ -8,12 +8,10 @@ The pipeline probe (``harness.probe.pipeline``) and the tensor-parallel probe
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any
 
 from harness.errors import UsageError
-from harness.probe.runner import DTYPES, ModelProbe, ProbeRowResult
+from harness.probe.runner import DTYPES, ModelProbe
 from harness.processes import run_cpu_torchrun
 
 RANK_WORKER = "harness.probe.rank_worker"
