@@ -13,6 +13,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM)  # SIGINT already raises KeyboardInterrupt
 
@@ -153,6 +154,30 @@ def run_bounded(
 
 # Launch variables of an enclosing torchrun or test: a CPU job's ranks join a group of their own.
 TORCHRUN_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def start_in_own_session(
+    argv: Sequence[str], *, stdin: int | None = None, text: bool = False
+) -> tuple[subprocess.Popen[Any], IO[str]]:
+    """Start ``argv`` with its stdout piped and its stderr in a temporary file (returned, open): in a
+    session of its own, so that a hang is killed with its whole group (``kill_group``); dying with
+    this process, so that a harness killed outright (SIGKILL, the OOM killer) leaves nothing
+    running; without an enclosing torchrun's launch variables. A file, not a pipe, for stderr: a
+    chatty child must never block on a full pipe (a false "hang")."""
+    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
+    stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - the caller reads and closes it
+    libc_prctl()  # loaded before the fork that runs die_with_parent
+    child = subprocess.Popen(
+        list(argv),
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=text,
+        env=env,
+        start_new_session=True,
+        preexec_fn=die_with_parent,  # noqa: PLW1509
+    )
+    return child, stderr
 
 
 def run_cpu_torchrun(

@@ -10,18 +10,15 @@ the child first and collects it last.
 from __future__ import annotations
 
 import json
-import os
 import selectors
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
-from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
+from harness.processes import exit_if_stopped, kill_group, start_in_own_session
 
 READY, RESULT = "READY", "RESULT "
 DEFAULT_HANG_TIMEOUT_S = 10.0  # the measurement's limit after READY (`probe --hang-timeout`)
@@ -77,26 +74,9 @@ class IsolatedProbe:
         for flag, value in (("--seq-length", seq_length), ("--micro-batch-size", micro_batch_size)):
             if value is not None:
                 command += [flag, str(value)]
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        }
-        # stderr goes to a file: a chatty child must never block on a full pipe (a false "hang").
-        self.stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.started = time.monotonic()
-        libc_prctl()  # loaded before the fork that runs die_with_parent
-        # Its own session, so a hang is killed with its group; and it dies with this process, so a parent
-        # killed outright (SIGKILL, the OOM killer) leaves no spinning deadlock behind for its lifetime.
-        self.process = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=self.stderr,
-            text=True,
-            start_new_session=True,
-            env=env,
-            preexec_fn=die_with_parent,  # noqa: PLW1509
-        )
+        # A hang is killed with its group, and a parent killed outright leaves no spinning deadlock.
+        self.process, self.stderr = start_in_own_session(command, text=True)
 
     def outcome(self) -> IsolatedOutcome:
         stdout = self.process.stdout

@@ -17,7 +17,6 @@ import os
 import selectors
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,13 +25,7 @@ from typing import IO, Any
 from harness.errors import UsageError
 from harness.probe.pass_worker import RESULT, USAGE
 from harness.probe.runner import ModelProbe, probe_models
-from harness.processes import (
-    TORCHRUN_VARIABLES,
-    die_with_parent,
-    exit_if_stopped,
-    kill_group,
-    libc_prctl,
-)
+from harness.processes import exit_if_stopped, kill_group, start_in_own_session
 
 PASS_TIMEOUT_S = 1800.0  # a whole pass, import included; rows time out long before (120 s each)
 
@@ -101,20 +94,12 @@ class _Worker:
 
 
 def _start_worker(options: dict[str, Any]) -> _Worker:
-    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
-    # stderr goes to a file: a chatty worker must never block on a full pipe.
-    stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-    libc_prctl()  # loaded before the fork that runs die_with_parent
-    process = subprocess.Popen(
-        [sys.executable, "-m", "harness.probe.pass_worker", "--options", json.dumps(options)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=stderr,
-        env=env,
-        start_new_session=True,
-        preexec_fn=die_with_parent,  # noqa: PLW1509
+    return _Worker(
+        *start_in_own_session(
+            [sys.executable, "-m", "harness.probe.pass_worker", "--options", json.dumps(options)],
+            stdin=subprocess.PIPE,
+        )
     )
-    return _Worker(process, stderr)
 
 
 def _on_workers(

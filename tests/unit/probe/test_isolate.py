@@ -10,14 +10,14 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from marked_processes import MARKER_ENV, marked_processes
 
 from harness.config.fields import RecomputeFields
 from harness.probe.isolate import IsolatedProbe
 from harness.probe.plan import ProbeRow
-from harness.processes import libc_prctl, processes_with_env
+from harness.processes import libc_prctl
 
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
@@ -40,17 +40,9 @@ def test_selective_mlp_with_biases_is_reported_as_hang():
     assert not alive
 
 
-MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
-
-
 def _isolated_children(marker: str) -> list[int]:
     """Live processes of this test (its marker in their environment) running the isolated child."""
-    found = []
-    for pid in processes_with_env(MARKER_ENV, marker):
-        with contextlib.suppress(OSError):
-            if b"harness.probe.isolated_child" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
+    return marked_processes(marker, "harness.probe.isolated_child")
 
 
 def _wait_for(condition, timeout_s: float) -> bool:

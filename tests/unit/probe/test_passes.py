@@ -3,25 +3,21 @@ order; a worker that dies fails the probe by name and takes the other workers wi
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from marked_processes import MARKER_ENV, marked_processes
 
 from harness.probe.passes import probe_passes
 from harness.probe.table import probe_json
-from harness.processes import processes_with_env
 
 # Worker processes each import torch and Megatron Core (~6 s of CPU): .ci/run's "sweeps" step.
 pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
-
-MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
 
 
 def test_passes_on_workers_are_the_passes_of_one_process():
@@ -41,12 +37,7 @@ def test_passes_on_workers_are_the_passes_of_one_process():
 
 
 def _workers(marker: str) -> list[int]:
-    found = []
-    for pid in processes_with_env(MARKER_ENV, marker):
-        with contextlib.suppress(OSError):
-            if b"harness.probe.pass_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
+    return marked_processes(marker, "harness.probe.pass_worker")
 
 
 def test_a_killed_worker_fails_the_probe_by_name_and_the_other_worker_goes_too():
