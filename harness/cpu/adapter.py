@@ -275,22 +275,26 @@ def original_collectives() -> dict[str, Any]:
     return {name: _ORIGINALS[f"torch.distributed.{name}"] for name in SETTLED_COLLECTIVES}
 
 
-def settle_collectives() -> list[str]:
-    """Part 9: ``torch.distributed``'s collectives, and Megatron Core module globals bound to them at
-    import, become their settled forms. Returns the "module.name" globals rebound."""
-    settled = {}
+def unsettled_megatron_globals() -> list[tuple[str, str, str]]:
+    """(module, global, collective) for each global of a loaded ``megatron.core`` module still bound
+    to torch's own collective (``tensor_parallel.mappings.dist_all_gather_func`` binds at import)."""
+    originals = {id(original): name for name, original in original_collectives().items()}
+    return [
+        (module_name, key, originals[id(value)])
+        for module_name, module in list(sys.modules.items())
+        if module is not None and module_name.startswith("megatron.core")
+        for key, value in list(vars(module).items())
+        if id(value) in originals
+    ]
+
+
+def settle_collectives() -> None:
+    """Part 9: ``torch.distributed``'s collectives, and Megatron Core globals bound to them at
+    import, become their settled forms."""
     for name, original in original_collectives().items():
-        settled[id(original)] = _settled(original)
-        setattr(dist, name, settled[id(original)])
-    rebound = []
-    for module_name, module in list(sys.modules.items()):
-        if module is None or not module_name.startswith("megatron.core"):
-            continue
-        for key, value in list(vars(module).items()):
-            if callable(value) and id(value) in settled:
-                vars(module)[key] = settled[id(value)]
-                rebound.append(f"{module_name}.{key}")
-    return rebound
+        setattr(dist, name, _settled(original))
+    for module_name, key, name in unsettled_megatron_globals():
+        vars(sys.modules[module_name])[key] = getattr(dist, name)
 
 
 class _FP8Disabled:

@@ -27,7 +27,6 @@ import ast
 import builtins
 import dis
 import inspect
-import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,9 +37,9 @@ from megatron.core.tensor_parallel import random as mcore_random
 from harness.config.revisions import collect_revisions
 from harness.cpu.adapter import (
     init_cpu_parallel_state,
-    original_collectives,
     replaced_drift,
     reseed,
+    unsettled_megatron_globals,
 )
 from harness.errors import UsageError
 
@@ -212,14 +211,9 @@ def replay_problems() -> list[str]:
 def collective_problems(calls: int = 200) -> list[str]:
     """Check 3: one line per Megatron Core global bound to an unsettled collective, or one line if
     any of ``calls`` all-reduces returned while gloo still held its tensor."""
-    originals = {id(original): name for name, original in original_collectives().items()}
     problems = [
-        f"{module_name}.{key} is torch's own {originals[id(value)]}, which returns before gloo lets "
-        "go of its tensors"
-        for module_name, module in list(sys.modules.items())
-        if module is not None and module_name.startswith("megatron.core")
-        for key, value in list(vars(module).items())
-        if id(value) in originals
+        f"{module}.{key} is torch's own {name}, which returns before gloo lets go of its tensors"
+        for module, key, name in unsettled_megatron_globals()
     ]
     held = 0
     for _ in range(calls):
