@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import sys
 import time
 import types
@@ -44,6 +45,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+try:
+    from triton.runtime.jit import KernelInterface  # JIT kernels, autotuners, heuristics
+except ImportError:  # no Triton: no Triton kernels to skip
+    KernelInterface = None
+
 _frozen_across_rows = (
     False  # inside frozen_across_rows(): measure_carried leaves its freeze in place
 )
@@ -52,8 +58,12 @@ _frozen_across_rows = (
 _SETTLE_S, _SETTLE_POLL_S = 2.0, 0.002
 _MAX_DEPTH = 4  # attribute / container nesting followed from a root; Megatron's holders sit at 1-3
 _GLOBAL_PREFIX = "megatron."
-# Objects whose attributes are code or configuration, not state a step writes.
+# Objects whose attributes are code or configuration, not state a step writes. Loggers reach every
+# logger of the process (their manager), and Triton kernels their source and compiled cache: most of
+# what a walk from Megatron Core's globals visited, and never a tensor.
 _OPAQUE = (
+    logging.Logger,
+    logging.Manager,
     type,
     types.ModuleType,
     types.FunctionType,
@@ -62,6 +72,7 @@ _OPAQUE = (
     torch.nn.Parameter,
     torch.dtype,
     torch.device,
+    *((KernelInterface,) if KernelInterface is not None else ()),
     str,
     bytes,
     int,
@@ -183,6 +194,8 @@ def _global_roots() -> list[tuple[str, object]]:
         if not module_name.startswith(_GLOBAL_PREFIX) or imported is None:
             continue
         for attribute, value in list(vars(imported).items()):
+            if attribute.startswith("__builtins"):  # builtins' namespace (TorchDynamo copies it)
+                continue
             if isinstance(value, type):
                 if value.__module__ == module_name:
                     roots += [

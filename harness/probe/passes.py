@@ -13,6 +13,7 @@ bounded as a whole, so a worker stuck before its rows start is killed and report
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import subprocess
@@ -102,10 +103,22 @@ def _start_worker(options: dict[str, Any]) -> _Worker:
     )
 
 
+def _next_pass(
+    waiting: list[tuple[int, tuple[str, str]]], took: dict[str, float]
+) -> tuple[int, tuple[str, str]]:
+    """Take the next pass off ``waiting``: one whose model has not run yet, in order, else the one
+    whose model's earlier pass took longest. A model's passes cost alike at every precision, so the
+    last precision's passes go longest first and the workers finish together, not one of them
+    alone on a long pass."""
+    chosen = max(range(len(waiting)), key=lambda i: (took.get(waiting[i][1][0], math.inf), -i))
+    return waiting.pop(chosen)
+
+
 def _on_workers(
     passes: list[tuple[str, str]], jobs: int, options: dict[str, Any], pass_timeout_s: float
 ) -> list[ModelProbe]:
     waiting = list(enumerate(passes))
+    took: dict[str, float] = {}  # model -> seconds its last finished pass took
     results: dict[int, ModelProbe] = {}
     workers: list[_Worker] = []
     selector = selectors.DefaultSelector()
@@ -114,7 +127,7 @@ def _on_workers(
             worker = _start_worker(options)
             workers.append(worker)
             selector.register(worker.process.stdout, selectors.EVENT_READ, worker)  # type: ignore[arg-type]
-            worker.send(*waiting.pop(0))
+            worker.send(*_next_pass(waiting, took))
         while len(results) < len(passes):
             exit_if_stopped()
             for key, _ in selector.select(timeout=1.0):
@@ -131,9 +144,10 @@ def _on_workers(
                     if not line.startswith(RESULT):
                         continue  # Megatron Core's own output
                     results[worker.task] = ModelProbe.from_dict(json.loads(line[len(RESULT) :]))
+                    took[passes[worker.task][0]] = time.monotonic() - worker.started
                     worker.task = None
                     if waiting:
-                        worker.send(*waiting.pop(0))
+                        worker.send(*_next_pass(waiting, took))
             for worker in workers:
                 if worker.task is not None and time.monotonic() - worker.started > pass_timeout_s:
                     model, precision = passes[worker.task]

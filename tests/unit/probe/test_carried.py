@@ -142,3 +142,26 @@ def test_without_recompute_the_dispatcher_graph_reaches_only_parameters():
                 id(leaf) in parameters
                 for leaf in _graph_leaves(layer.mlp.token_dispatcher.local_probs)
             )
+
+
+def test_the_walk_from_megatron_core_globals_skips_loggers_and_triton_kernels():
+    # Before they were opaque, a walk from Megatron Core's globals visited ~11,000 objects per probe
+    # row, nearly all inside one logger (its manager reaches every logger of the process) and Triton
+    # kernels (their source, AST and compile caches): a fifth of a row's CPU time, never a tensor.
+    import logging
+
+    triton = pytest.importorskip("triton")
+    from megatron.core.ssm.ops import ssd_chunk_scan
+
+    kernels = [
+        value
+        for value in vars(ssd_chunk_scan).values()
+        if isinstance(value, triton.runtime.jit.KernelInterface)
+    ]
+    assert kernels
+    for opaque in (logging.getLogger("megatron.core"), *kernels):
+        assert list(carried_module._children(opaque)) == []
+    reach = carried_module._Reach({0: torch.zeros(1)})  # a storage no root holds: a whole walk
+    for where, value in carried_module._global_roots():
+        reach.walk(value, where, "<global>")
+    assert 0 < len(reach._visited) < 5_000
