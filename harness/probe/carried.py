@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import torch
 
 try:
-    from triton.runtime.jit import KernelInterface  # JIT kernels, autotuners, heuristics
+    from triton.runtime.jit import KernelInterface  # type: ignore[import-untyped]  # kernels, autotuners
 except ImportError:  # no Triton: no Triton kernels to skip
     KernelInterface = None
 

@@ -161,7 +161,7 @@ class _IndexedMemTracker(_MemTracker):
             return super().get_tracker_snapshot(type)
         return {device: dict(snapshot) for device, snapshot in snapshots[type].items()}
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # Upstream's steps, in its order; only the tracking of the outputs differs (see above).
         if any(t == DTensor for t in types):
             return NotImplemented
