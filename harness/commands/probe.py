@@ -24,8 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modules",
         nargs="+",
         metavar="LABELS",
-        help="label sets to probe against [] (a+b for a combination); default: every label, "
-        "the skill's combinations and full recompute",
+        help="rows to probe against []: label sets (a+b for a combination) and full recompute "
+        "rows by name (full-uniform-2, full-block-1-skip-final); default: every label, the skill's "
+        "combinations and full recompute",
     )
     parser.add_argument("--seq-length", type=int, help="override the model's sequence length")
     parser.add_argument(

@@ -4,7 +4,8 @@ The control ``[]``, every label the installed validator accepts (read from it, n
 the combinations from the skill's tables (harness/data/probe-combinations.json), and full recompute
 with each method at the ``recompute_num_layers`` values derived from the model's depth
 (harness/probe/sweep.py), again with ``skip_final_recompute`` where the revision has that field.
-``--modules`` narrows that to the control plus the label sets a user names.
+``--modules`` narrows that to the control plus the rows a user names: label sets (``a+b``) or full
+recompute rows by their row name (``full-<method>-<n>[-skip-final]``).
 """
 
 from __future__ import annotations
@@ -52,11 +53,21 @@ def known_labels() -> frozenset[str]:
     return accepted_labels()
 
 
+def _is_full_row(spec: str) -> bool:
+    # No recompute label starts so: labels are module names (core_attn, moe_act, ...).
+    return spec.startswith("full-")
+
+
 def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
-    """``["core_attn", "layernorm+moe_act"]`` -> label tuples; unknown labels are a usage error."""
+    """``["core_attn", "layernorm+moe_act", "full-block-2"]`` -> label tuples (a full row is the
+    one-element tuple of its name); unknown labels and misspelt full rows are a usage error."""
     known = known_labels()
     sets = []
     for spec in specs:
+        if _is_full_row(spec):
+            RecomputeFields.parse(spec)  # its spelling: full-<method>-<n>[-skip-final]
+            sets.append((spec,))
+            continue
         labels = parse_labels(spec, "+", f"--modules {spec!r}")
         require_known(labels, known, f"--modules {spec!r}")
         sets.append(labels)
@@ -70,7 +81,14 @@ def plan_rows(
     (method x recompute_num_layers), then the deadlock probe."""
     rows = [ProbeRow(CONTROL)]
     if label_sets is not None:
-        rows += [ProbeRow(RecomputeFields.selective(*labels)) for labels in label_sets]
+        rows += [
+            ProbeRow(
+                RecomputeFields.parse(labels[0])
+                if len(labels) == 1 and _is_full_row(labels[0])
+                else RecomputeFields.selective(*labels)
+            )
+            for labels in label_sets
+        ]
         return rows
     known = known_labels()
     data = _combinations_file()

@@ -63,7 +63,10 @@ def _watch(parent: subprocess.Popen, marker: str) -> None:
     assert _isolated_children(marker), f"the isolated child never started: {parent.stderr.read()}"
 
 
+# Four processes import torch and Megatron Core (the probe, its two pass workers, the isolated
+# child): ~30 s of the tier's 150 s, so .ci/run's sweeps step with the other interrupt tests.
 @pytest.mark.slow
+@pytest.mark.sweeps
 def test_a_sigtermed_probe_unwinds_and_takes_its_isolated_child_with_it():
     # The child deadlocks (selective mlp with biases) and spins a core until its own lifetime (~5 min) ends:
     # before the fix, a SIGTERMed `probe` left it running. The deadlock probe is part of dense-tiny's full

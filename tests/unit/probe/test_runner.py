@@ -1,4 +1,5 @@
-"""The CPU probe on the full matrix of the three style models (computed once, ~15 s)."""
+"""The CPU probe of the style models (computed once per module): goldens, statuses, bitwise verdicts,
+attribution, carried memory and full recompute's method x recompute_num_layers."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from harness.probe.coverage import describe_unmeasured
 from harness.probe.runner import probe_models
 from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
 
-# Every test here reads one probe of every style model (~13 s, a module fixture).
+# Every test here reads one probe per style model (a module fixture, ~45 s of CPU): the whole plan of
+# dense-tiny and moonlight-tiny (their goldens judged here too), and of dense-deep and nemotron-tiny
+# the rows the tests read (the main job, .ci/run's step before this tier, judges their goldens).
 pytestmark = pytest.mark.slow
 
 # Labels implemented with MCore's CheckpointFunction (replay under the RNG tracker): bit-exact.
@@ -34,19 +37,27 @@ CHECKPOINT_LABELS = (
 )
 
 
-TIER_MODELS = ("dense-tiny", "dense-deep", "moonlight-tiny", "nemotron-tiny", "mhc-tiny")
+WHOLE_PLAN_MODELS = ("dense-tiny", "moonlight-tiny", "mhc-tiny")
+ROWS_READ = {
+    "dense-deep": [f"full-{method}-{n}" for method in ("uniform", "block") for n in range(1, 6)],
+    "nemotron-tiny": ["mlp", "moe", "full-uniform-1", "full-uniform-2"],
+}
 
 
 @pytest.fixture(scope="module")
 def probes():
-    from harness.probe.plan import plan_rows
+    from harness.probe.plan import parse_label_sets, plan_rows
 
     assert any(
         row.may_hang for row in plan_rows(layers=2)
     )  # the deadlock row exists; probe/test_isolate.py runs it
     # mtp-tiny is judged by the main job, its own .ci/run step: the tests below read none of its rows.
-    models = [name for name in buildable_models() if name in TIER_MODELS]
-    results = probe_models(models, hang_probe=False)  # probe/test_isolate.py runs that row
+    models = buildable_models()
+    # probe/test_isolate.py runs the deadlock row
+    whole = [name for name in models if name in WHOLE_PLAN_MODELS]
+    results = probe_models(whole, hang_probe=False)
+    for name, rows in ROWS_READ.items():
+        results += probe_models([name], parse_label_sets(rows), hang_probe=False)
     return {probe.model: probe for probe in results}
 
 
@@ -55,7 +66,7 @@ def rows_of(probe):
 
 
 def test_cpu_goldens_match(probes):
-    for probe in probes.values():
+    for probe in (probes[name] for name in WHOLE_PLAN_MODELS if name in probes):
         path, problems = check_probe_golden(probe)
         assert not problems, f"{path.name}:\n" + "\n".join(problems)
 

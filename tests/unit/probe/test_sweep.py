@@ -62,3 +62,17 @@ def test_the_plan_asks_the_installed_config_for_skip_final_rows():
     skip_rows = [row for row in plan_rows(layers=4) if row.fields.skip_final]
     assert len(skip_rows) == (10 if has_field else 0)
     assert config_has_field("recompute_num_layers")
+
+
+def test_modules_names_full_rows_beside_label_sets():
+    from harness.errors import UsageError
+    from harness.probe.plan import parse_label_sets
+
+    named = parse_label_sets(["core_attn", "mlp+layernorm", "full-block-2"])
+    rows = plan_rows(named, layers=4)
+    assert [row.label for row in rows] == ["[]", "core_attn", "mlp+layernorm", "full-block-2"]
+    assert rows[-1].fields == RecomputeFields.full("block", 2)
+    with pytest.raises(UsageError, match="full-<method>-<layers>"):
+        parse_label_sets(["full-block"])
+    with pytest.raises(UsageError, match="unknown recompute label"):
+        parse_label_sets(["fullblock-2"])
