@@ -62,7 +62,7 @@ def parse_label_sets(specs: list[str]) -> list[tuple[str, ...]]:
     """``["core_attn", "layernorm+moe_act", "full-block-2"]`` -> label tuples (a full row is the
     one-element tuple of its name); unknown labels and misspelt full rows are a usage error."""
     known = known_labels()
-    sets = []
+    sets: list[tuple[str, ...]] = []
     for spec in specs:
         if _is_full_row(spec):
             RecomputeFields.parse(spec)  # its spelling: full-<method>-<n>[-skip-final]

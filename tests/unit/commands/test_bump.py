@@ -130,6 +130,8 @@ def test_bump_to_0_18_2_names_every_drift_and_pins_only_its_own_goldens(tmp_path
     assert goldens(repo) == after  # byte for byte: an unchanged revision writes nothing
 
 
+# A second whole bump in a subprocess (~18 s): .ci/run's revisions step, beside the bump to 0.18.2.
+@pytest.mark.revisions
 def test_bump_to_0_19_0_finds_no_drift(tmp_path):
     mcore = overlay("0.19.0")
     repo = copy_repo(tmp_path)
