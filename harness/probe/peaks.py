@@ -15,6 +15,8 @@ One step is measured from a reset RNG, after the probe's other measurements:
 - **optimizer**: ``torch.optim.Adam`` steps in a second tracker that knows the parameters, their
   gradients and the optimizer (its state and temporaries are created in the step); the activations and
   temporaries still alive when backward ended are added, as they are alive throughout the step.
+  The step itself depends only on the parameters, buffers and gradients (names, shapes, dtypes,
+  bytes), the same for every row of a model: it is measured once per such set and reused.
 
 Per phase the figure is the bytes at that phase's peak that are not parameters, buffers or the batch
 (activations + temporaries + gradients + optimizer state): what the step adds on top of the weights,
@@ -25,9 +27,10 @@ module's own forward and backward peaks (the largest over its calls).
 The weights are copied back after the optimizer step, so the probe's model is left as it was built.
 
 ``memory_tracker()`` is the tracker every measurement uses: on the reviewed torch, one whose per-op
-peak update visits the active modules by name instead of walking every tracked module, and whose
-snapshots are two-level copies instead of deep copies (the same statistics, updated the same way;
-the walk was half of a probe pass, the deep copies a third of what was left of the peak step).
+peak update visits the active modules by name instead of walking every tracked module, whose
+snapshots are two-level copies instead of deep copies, and which tracks an operator's outputs without
+rebuilding them (the same statistics, updated the same way; the walk was half of a probe pass, the
+deep copies a third of what was left of the peak step, the rebuilt outputs a third of the rest).
 """
 
 from __future__ import annotations
@@ -261,14 +264,49 @@ def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[
     return dict(sorted(peaks.items()))
 
 
+# The optimizer step's own snapshot at its peak, by what decides it: the parameters, buffers and
+# gradients (names, shapes, dtypes, bytes). A fresh Adam's first step allocates its state and
+# temporaries from those alone, so every row of a model reads the same snapshot; only the activations
+# a row leaves alive after backward differ, and they are added per row (``still_alive``).
+_OPTIMIZER_SNAPSHOTS: dict[tuple[object, ...], dict[str, int]] = {}
+
+
+def _optimizer_inputs(module: torch.nn.Module) -> tuple[object, ...]:
+    def signature(tensor: torch.Tensor | None) -> object:
+        if tensor is None:
+            return None
+        return (tuple(tensor.shape), tensor.dtype, tensor.untyped_storage().nbytes())
+
+    return (
+        tuple((name, signature(p), signature(p.grad)) for name, p in module.named_parameters()),
+        tuple((name, signature(b)) for name, b in module.named_buffers()),
+    )
+
+
+def _optimizer_snapshot(module: torch.nn.Module) -> dict[str, int]:
+    """The snapshot at the peak of one ``torch.optim.Adam`` step of ``module``, in a tracker that
+    knows the parameters, their gradients and the optimizer; the weights are restored after it."""
+    key = _optimizer_inputs(module)
+    if key not in _OPTIMIZER_SNAPSHOTS:
+        weights = [parameter.detach().clone() for parameter in module.parameters()]
+        optimizer = torch.optim.Adam(module.parameters())
+        step = memory_tracker()
+        step.track_external(module, optimizer)
+        with step:
+            optimizer.step()
+        _OPTIMIZER_SNAPSHOTS[key] = _on_cpu(step.get_tracker_snapshot("peak"))
+        with torch.no_grad():
+            for parameter, weight in zip(module.parameters(), weights, strict=True):
+                parameter.copy_(weight)
+    return _OPTIMIZER_SNAPSHOTS[key]
+
+
 def measure_step_peaks(model: TinyModel, *, seed: int = 1234) -> StepPeaks:
     """One forward + backward + Adam step of ``model`` under ``MemTracker``; the weights are restored."""
     module = model.module
     module.train()
     module.zero_grad(set_to_none=True)
-    weights = [parameter.detach().clone() for parameter in module.parameters()]
     batch = model.batch()
-    optimizer = torch.optim.Adam(module.parameters())
     tracker = memory_tracker()
     tracker.track_external(module, *batch.values())
     reseed(seed)
@@ -287,13 +325,6 @@ def measure_step_peaks(model: TinyModel, *, seed: int = 1234) -> StepPeaks:
     still_alive = PhasePeak(
         after_backward.get(ACTIVATION, 0), after_backward.get(TEMPORARY, 0), 0, 0
     )
-    step = memory_tracker()
-    step.track_external(module, optimizer)
-    with step:
-        optimizer.step()
-    optimizer_peak = _phase_peak(_on_cpu(step.get_tracker_snapshot("peak")), still_alive)
-    with torch.no_grad():
-        for parameter, weight in zip(module.parameters(), weights, strict=True):
-            parameter.copy_(weight)
+    optimizer_peak = _phase_peak(_optimizer_snapshot(module), still_alive)
     module.zero_grad(set_to_none=True)
     return StepPeaks(forward, backward, optimizer_peak, modules)
