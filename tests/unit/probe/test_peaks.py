@@ -97,3 +97,28 @@ def test_the_indexed_tracker_records_exactly_what_memtracker_records():
     indexed_modules, indexed_peak = _tracked_step(peaks._IndexedMemTracker)
     assert len(upstream_modules) > 20
     assert indexed_modules == upstream_modules and indexed_peak == upstream_peak
+
+
+def test_the_optimizer_phase_is_measured_once_per_parameter_set_and_reused_exactly():
+    from harness.probe import peaks
+
+    init_cpu_parallel_state()
+    control = build_model("dense-tiny", RecomputeFields.parse("[]"))
+    full = build_model("dense-tiny", RecomputeFields.parse("full-uniform-1"))
+    full.module.load_state_dict(control.module.state_dict())
+    weights = [p.detach().clone() for p in control.module.parameters()]
+    for model in (control, full):  # a first step builds what later steps reuse (rotary caches)
+        peaks.measure_step_peaks(model)
+    peaks._OPTIMIZER_SNAPSHOTS.clear()
+    first = peaks.measure_step_peaks(control)
+    reused = peaks.measure_step_peaks(full)  # another row of the model: the same set, reused
+    assert len(peaks._OPTIMIZER_SNAPSHOTS) == 1
+    peaks._OPTIMIZER_SNAPSHOTS.clear()
+    fresh = peaks.measure_step_peaks(full)  # measured again from nothing
+    assert reused.optimizer == fresh.optimizer and first.optimizer.optimizer_state > 0
+    assert all(torch.equal(a, b) for a, b in zip(control.module.parameters(), weights, strict=True))
+    # The set is read with the gradients backward left: without them it is another set.
+    full.loss(full.batch()).backward()
+    assert peaks._optimizer_inputs(full.module) in peaks._OPTIMIZER_SNAPSHOTS
+    full.module.zero_grad(set_to_none=True)
+    assert peaks._optimizer_inputs(full.module) not in peaks._OPTIMIZER_SNAPSHOTS
