@@ -5,6 +5,11 @@ and prints one ``RESULT {json}`` line. The parent gives the setup ``startup_time
 measurement ``timeout_s`` after ``READY``; past either, the whole process group is killed (SIGKILL)
 and the row is reported as a hang. The parent never blocks the rest of the probe matrix: it starts
 the child first and collects it last.
+
+The deadlines are kept by a watcher thread from the start, not when the outcome is collected: the
+known deadlock spins a core (and keeps starting threads) until it is killed, so a child collected
+after a whole multi-model probe had spun for all of it, half of a 2-core machine (measured: a
+``diff`` side's tree probe, 150 s of wall, took 255 s of CPU; the child's share was ~100 s).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import json
 import selectors
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -77,8 +83,22 @@ class IsolatedProbe:
         self.started = time.monotonic()
         # A hang is killed with its group, and a parent killed outright leaves no spinning deadlock.
         self.process, self.stderr = start_in_own_session(command, text=True)
+        self._outcome: IsolatedOutcome | None = None
+        self._watcher = threading.Thread(
+            target=self._watch, name=f"isolated probe of {model}", daemon=True
+        )
+        self._watcher.start()
 
     def outcome(self) -> IsolatedOutcome:
+        """The child's outcome, once its watcher has it (the child ended or was killed on time)."""
+        while self._watcher.is_alive():
+            exit_if_stopped()
+            self._watcher.join(timeout=0.5)
+        if self._outcome is None:  # the watcher raised: say so rather than lose the row
+            return IsolatedOutcome(CRASH, "the isolated probe's watcher failed")
+        return self._outcome
+
+    def _watch(self) -> None:
         stdout = self.process.stdout
         assert stdout is not None  # Popen(stdout=PIPE) above
         selector = selectors.DefaultSelector()
@@ -87,19 +107,19 @@ class IsolatedProbe:
         ready_at: float | None = None
         payload = None
         while True:
-            exit_if_stopped()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self.kill()
                 phase = "measurement" if ready_at else "setup"
                 limit = self.timeout_s if ready_at else self.startup_timeout_s
-                return IsolatedOutcome(
+                self._outcome = IsolatedOutcome(
                     HANG, f"no result {limit:.0f} s into {phase}; process group killed"
                 )
+                return
             if not selector.select(timeout=remaining):
                 continue
             line = stdout.readline()
-            if line == "":  # child exited
+            if line == "":  # child exited (or was killed by the probe's clean-up)
                 break
             line = line.strip()
             if line == READY and ready_at is None:
@@ -111,8 +131,9 @@ class IsolatedProbe:
         if payload is None:
             self.stderr.seek(0)
             tail = self.stderr.read().strip().splitlines()[-1:] or ["no output"]
-            return IsolatedOutcome(CRASH, f"exit {self.process.returncode}: {tail[0]}")
-        return IsolatedOutcome("completed", "", payload)
+            self._outcome = IsolatedOutcome(CRASH, f"exit {self.process.returncode}: {tail[0]}")
+            return
+        self._outcome = IsolatedOutcome("completed", "", payload)
 
     def kill(self) -> None:
         """SIGKILL the child's whole process group (it runs in its own session)."""

@@ -29,6 +29,9 @@ def test_selective_mlp_with_biases_is_reported_as_hang():
     probe = IsolatedProbe(
         "dense-tiny", ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True), timeout_s=3
     )
+    # The deadline is kept while the parent is busy elsewhere (measuring the other rows), not when it
+    # collects the outcome: the deadlock spins a core until it is killed.
+    assert _wait_for(lambda: probe.process.poll() is not None, 120)
     outcome = probe.outcome()
     assert outcome.status == "hang", outcome.message
     assert outcome.message == "no result 3 s into measurement; process group killed"
