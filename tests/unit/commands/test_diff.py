@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.config.revisions import megatron_core_root
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,6 +50,9 @@ def test_a_tree_missing_the_validator_is_refused(tmp_path):
     assert "is not a Megatron Core tree: missing transformer/transformer_config.py" in done.stderr
 
 
+# Both sides import torch before the broken one fails (~15 s under the tier's load): .ci/run's
+# revisions step, beside the diffs of real trees.
+@pytest.mark.revisions
 def test_a_tree_that_cannot_be_imported_is_refused_naming_why(tmp_path):
     core = tmp_path / "megatron" / "core"
     for relative in (
