@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.commands.options import add_golden_dir
 from harness.config.revisions import require_identity
@@ -13,6 +13,9 @@ from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
 from harness.probe.plan import PRECISIONS, parse_label_sets
 from harness.processes import usable_cores
+
+if TYPE_CHECKING:  # the runner imports torch and Megatron Core, which run() defers
+    from harness.probe.runner import ModelProbe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -151,6 +154,17 @@ def _layout_option(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _layout_probes(args: argparse.Namespace, model: str, precision: str) -> list[ModelProbe]:
+    """``model``'s probes on the layout given: one per pipeline stage, or the TP ranks' agreed one."""
+    from harness.probe.pipeline import probe_pipeline
+    from harness.probe.tensor_parallel import probe_tensor_parallel
+
+    options = {"precision": precision, "attention_backend": args.attention_backend}
+    if args.pipeline_parallel is not None:
+        return probe_pipeline(model, args.pipeline_parallel, **options)
+    return [probe_tensor_parallel(model, args.tensor_parallel, **options)]
+
+
 def run(args: argparse.Namespace) -> int:
     if (args.write_golden or args.check_golden) and not args.list:
         require_identity()  # refused before torch and Megatron Core are imported (below)
@@ -161,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from harness.models import STYLE_MODELS, buildable_model, buildable_models, not_on_this_tree
     from harness.probe.axes import coverage
     from harness.probe.passes import probe_passes
-    from harness.probe.pipeline import check_pipelinable, probe_pipeline
+    from harness.probe.pipeline import check_pipelinable
     from harness.probe.runner import probe_errors
     from harness.probe.table import (
         attribution_table,
@@ -173,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         probe_table,
         unmeasured_table,
     )
-    from harness.probe.tensor_parallel import check_tensor_parallel, probe_tensor_parallel
+    from harness.probe.tensor_parallel import check_tensor_parallel
 
     if _layout_option(args) is not None:
         # Before the adapter's self-check and any golden directory is touched: nothing is written.
@@ -205,23 +219,7 @@ def run(args: argparse.Namespace) -> int:
             probes = [
                 probe
                 for precision in dict.fromkeys(args.precision)
-                for probe in (
-                    probe_pipeline(
-                        names[0],
-                        args.pipeline_parallel,
-                        precision=precision,
-                        attention_backend=args.attention_backend,
-                    )
-                    if args.pipeline_parallel is not None
-                    else [
-                        probe_tensor_parallel(
-                            names[0],
-                            args.tensor_parallel,
-                            precision=precision,
-                            attention_backend=args.attention_backend,
-                        )
-                    ]
-                )
+                for probe in _layout_probes(args, names[0], precision)
             ]
         except RuntimeError as exc:  # the ranks failed, hung (and were killed) or disagreed
             print(f"recompute-harness: error: {exc}", file=sys.stderr)

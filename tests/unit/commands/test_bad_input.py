@@ -169,19 +169,6 @@ def test_a_closed_stdout_is_not_an_error(tmp_path):
         (["--model", "nemotron-h-tiny", "--pipeline-parallel", "2"], "hybrid model"),
         (["--all", "--pipeline-parallel", "2"], "drop --all"),
         (["--model", "dense-deep", "--pipeline-parallel", "2", "--modules", "core_attn"], "drop"),
-    ],
-)
-def test_probe_refuses_a_pipeline_it_cannot_build(tmp_path, capsys, argv, problem):
-    # Refused before any rank starts or any golden directory is touched.
-    golden_dir = tmp_path / "goldens"
-    assert main(["probe", *argv, "--write-golden", "--golden-dir", str(golden_dir)]) == 2
-    assert problem in _err(capsys)
-    assert not golden_dir.exists()
-
-
-@pytest.mark.parametrize(
-    "argv, problem",
-    [
         # nemotron-tiny has 2 query groups (harness/models.py): a TP 4 group cannot split them.
         (["--model", "nemotron-tiny", "--tensor-parallel", "4"], "num_query_groups 2 does not"),
         # dense-tiny's 4 attention heads over 8 ranks.
@@ -192,8 +179,9 @@ def test_probe_refuses_a_pipeline_it_cannot_build(tmp_path, capsys, argv, proble
         (["--model", "dense-tiny", "--tensor-parallel", "2", "--seq-length", "64"], "drop"),
     ],
 )
-def test_probe_refuses_a_tensor_parallel_layout_it_cannot_build(tmp_path, capsys, argv, problem):
-    # Refused in one line before any rank starts or any golden directory is touched.
+def test_probe_refuses_a_multi_rank_layout_it_cannot_build(tmp_path, capsys, argv, problem):
+    # Pipeline and TP layouts: refused in one line before any rank starts or any golden directory is
+    # touched.
     golden_dir = tmp_path / "goldens"
     assert main(["probe", *argv, "--write-golden", "--golden-dir", str(golden_dir)]) == 2
     assert problem in _err(capsys)
