@@ -308,8 +308,9 @@ def _died_silently(
 ) -> Classification | None:
     """The first rank to die without a word (SIGKILL, an early exit) is the root cause: every error the
     others wrote is then only a peer's loss (collateral). Evidence, strongest first: the runner saw the
-    rank's process end unreported; torchrun names it the root cause (exit code or signal); it is the
-    rank that stopped first while the others report only a lost peer."""
+    rank's process end unreported (of several seen in one poll, those torchrun names); torchrun names
+    it the root cause (exit code or signal); it is the rank that stopped first while the others
+    report only a lost peer."""
     if any(not _is_peer_loss(error.get("message", "")) for _, error in errors):
         return None  # a rank said what went wrong: that is the evidence (error events)
     silent = [rank for rank in ranks if not rank.done and not rank.errors]
@@ -317,7 +318,10 @@ def _died_silently(
         return None
     codes = torchrun_exit_codes(row_dir)
     seen_dead = [rank for rank in silent if rank.rank in launch.died]
-    signalled = seen_dead or [rank for rank in silent if codes.get(rank.rank, 0) != 0]
+    named = [rank for rank in silent if codes.get(rank.rank, 0) != 0]
+    # Ranks seen dead in one poll of the runner may include a peer torchrun's agent stopped after the
+    # first failure it observed: the one it names died first.
+    signalled = [rank for rank in seen_dead if rank in named] or seen_dead or named
     if not signalled and not errors:
         return None  # nobody died first that we can tell: torchrun's error files decide
     blamed = signalled or silent

@@ -36,6 +36,10 @@ JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
 TORCHRUN_DIR = "torchrun"
 POLL_S = 0.5
 TERM_GRACE_S = 10.0
+# How long a node's torchrun gets, once the runner saw a rank of it die, to end on its own: its agent
+# stops the rank's peers and names the first failure it observed (exit code, signal) in its summary.
+# Between two polls the agent may already have stopped a peer, which then looks dead too.
+DIED_SUMMARY_S = 5.0
 # How long the sweep waits for the workers it SIGKILLed to be gone (their exit is not instant).
 SWEEP_WAIT_S = 10.0
 
@@ -240,6 +244,8 @@ def run_row(
                 stopped = "stall"
             if stopped:
                 break
+        if stopped == "died":
+            _await_nodes(procs, {rank // max(world_size // len(procs), 1) for rank in died})
     except BaseException:
         _stop(procs, token)
         raise
@@ -258,6 +264,15 @@ def run_row(
         died if stopped == "died" else [],
         limit if stopped == "stall" else None,
     )
+
+
+def _await_nodes(procs: list[subprocess.Popen], nodes: set[int]) -> None:
+    """Wait (at most ``DIED_SUMMARY_S``) for the torchruns of ``nodes`` to end by themselves."""
+    deadline = time.monotonic() + DIED_SUMMARY_S
+    waiting = [procs[node] for node in sorted(nodes) if node < len(procs)]
+    while any(proc.poll() is None for proc in waiting) and time.monotonic() < deadline:
+        exit_if_stopped()
+        time.sleep(0.05)
 
 
 def _process_gone(pid: int) -> bool:
