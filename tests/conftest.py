@@ -52,8 +52,13 @@ def pytest_collection_modifyitems(config, items):
             "rehearsal",
             "the GPU-check rehearsal runs as its own step: pytest -m rehearsal (.ci/run)",
         ),
-        ("revisions", "the revision rehearsal runs as its own step: pytest -m revisions (.ci/run)"),
+        ("layouts", "the multi-process probes run as their own step: pytest -m layouts (.ci/run)"),
         ("sweeps", "the torchrun sweeps run as their own step: pytest -m sweeps (.ci/run)"),
+        (
+            "revisions",
+            "the released revisions run as their own step: pytest -m revisions (.ci/run)",
+        ),
+        ("unreleased", "unreleased trees run as their own step: pytest -m unreleased (.ci/run)"),
     ):
         if marker in asked:
             continue

@@ -6,6 +6,15 @@ measurement ``timeout_s`` after ``READY``; past either, the whole process group 
 and the row is reported as a hang. The parent never blocks the rest of the probe matrix: it starts
 the child first and collects it last.
 
+A hang need not wait for the timeout when the child can see it: the known deadlock (selective ``mlp``
+with biases) is a reentrant backward that re-enters itself without end, and autograd hands every
+60 levels of reentrant backward to a new thread, so the child's thread count grows for as long as it
+runs (measured on dense-tiny: 3 threads at ``READY``, +4 about 1.5 s later, 85 after 10 s), where a
+measurement starts none. Past ``runaway_threads`` new threads the child prints ``RUNAWAY <n>`` and the
+parent kills its group at once (a 10 s spin of one core saved per whole probe); a deadlock that starts
+no threads still ends at the timeout. The count is read from ``/proc/self/task``; elsewhere only the
+timeout applies.
+
 The deadlines are kept by a watcher thread from the start, not when the outcome is collected: the
 known deadlock spins a core (and keeps starting threads) until it is killed, so a child collected
 after a whole multi-model probe had spun for all of it, half of a 2-core machine (measured: a
@@ -26,8 +35,11 @@ from harness.probe.plan import ProbeRow
 from harness.probe.status import CRASH, HANG
 from harness.processes import exit_if_stopped, kill_group, start_in_own_session
 
-READY, RESULT = "READY", "RESULT "
+READY, RESULT, RUNAWAY = "READY", "RESULT ", "RUNAWAY "
 DEFAULT_HANG_TIMEOUT_S = 10.0  # the measurement's limit after READY (`probe --hang-timeout`)
+# New threads (over those alive at READY) that mark a reentrant backward without end: each stands for
+# 60 levels of reentrant nesting, where a checkpointed model nests a few.
+RUNAWAY_THREADS = 4
 
 
 @dataclass
@@ -49,6 +61,7 @@ class IsolatedProbe:
         *,
         timeout_s: float,
         startup_timeout_s: float = 300.0,
+        runaway_threads: int | None = RUNAWAY_THREADS,
         seed: int = 1234,
         seq_length: int | None = None,
         micro_batch_size: int | None = None,
@@ -58,6 +71,7 @@ class IsolatedProbe:
         self.row = row
         self.timeout_s = timeout_s
         self.startup_timeout_s = startup_timeout_s
+        self.runaway_threads = runaway_threads
         # The child also ends itself past its whole budget (on machines without a parent-death signal).
         lifetime_s = startup_timeout_s + timeout_s + 30
         command = [
@@ -74,6 +88,8 @@ class IsolatedProbe:
             str(lifetime_s),
             "--attention-backend",
             attention_backend,
+            "--runaway-threads",
+            str(runaway_threads or 0),
         ]
         if row.add_bias_linear:
             command.append("--add-bias-linear")
@@ -127,6 +143,14 @@ class IsolatedProbe:
                 deadline = ready_at + self.timeout_s
             elif line.startswith(RESULT):
                 payload = json.loads(line[len(RESULT) :])
+            elif line.startswith(RUNAWAY) and ready_at is not None:
+                self.kill()
+                self._outcome = IsolatedOutcome(
+                    HANG,
+                    f"reentrant backward without end: over {self.runaway_threads} threads started "
+                    "into measurement (a measurement starts none); process group killed",
+                )
+                return
         self.process.wait(timeout=10)
         if payload is None:
             self.stderr.seek(0)

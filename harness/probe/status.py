@@ -6,7 +6,8 @@ Statuses (the ``[]`` row itself is ``control``):
 - ``requires-TE`` accepted, but a label's implementation exists only in Transformer Engine modules
                   that this build does not have, so the label is silently ignored;
 - ``rejected``    the real validator refused the configuration (with the matrix rule id);
-- ``hang``        the isolated probe did not finish before its timeout (process group killed);
+- ``hang``        the isolated probe did not finish before its timeout, or its reentrant backward
+                  kept starting threads (harness.probe.isolate; process group killed);
 - ``crash``       the isolated probe died without a result;
 - ``error``       building or measuring the row (or its model's ``[]`` control) raised, also where the
                   validator accepted the configuration and Megatron Core raised while it ran

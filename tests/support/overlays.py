@@ -125,6 +125,22 @@ def _git_output(*args: str) -> str:
     ).stdout.strip()
 
 
+def harness_on(tree: Path | None, *argv: str) -> subprocess.CompletedProcess:
+    """``python -m harness.cli ARGV`` in this repository with ``tree`` (a Megatron Core tree: an
+    overlay, a work tree, an edited copy) first on ``PYTHONPATH``; None: the venv's own."""
+    repo = Path(__file__).resolve().parents[2]
+    path = [str(tree)] if tree is not None else []
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *argv],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=WHOLE_PROBE_TIMEOUT_S,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([*path, str(repo)])},
+    )
+
+
 def revision_path(revision: str) -> Path | None:
     """The directory to put first on ``PYTHONPATH`` for a revision of ``REVISIONS`` (None: the venv's)."""
     if revision == INSTALLED:

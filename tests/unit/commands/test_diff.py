@@ -51,8 +51,8 @@ def test_a_tree_missing_the_validator_is_refused(tmp_path):
 
 
 # Both sides import torch before the broken one fails (~15 s under the tier's load): .ci/run's
-# revisions step, beside the diffs of real trees.
-@pytest.mark.revisions
+# unreleased step, beside the diffs of real trees.
+@pytest.mark.unreleased
 def test_a_tree_that_cannot_be_imported_is_refused_naming_why(tmp_path):
     core = tmp_path / "megatron" / "core"
     for relative in (

@@ -72,9 +72,9 @@ _NEW_CHECKS = (
 )
 
 
-# An edited copy of Megatron Core checked in a subprocess (~12 s): .ci/run's revisions step, with the
-# other edits of Megatron Core's code (the comment-only edit, the bumps).
-@pytest.mark.revisions
+# An edited copy of Megatron Core checked in a subprocess (~12 s): .ci/run's unreleased step, with
+# the other edited trees (the comment-only edit) and the development head.
+@pytest.mark.unreleased
 def test_a_check_a_bump_adds_is_sampled_or_named_without_an_edit_to_the_space(tmp_path):
     # A copy of the installed Megatron Core whose validator gains two recompute checks on new fields:
     # a bool one (the space derives `True` and the check is met and reported as a disagreement) and

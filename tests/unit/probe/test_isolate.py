@@ -22,25 +22,52 @@ from harness.processes import libc_prctl
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
-def test_selective_mlp_with_biases_is_reported_as_hang():
+@pytest.mark.parametrize(
+    ("runaway_threads", "message"),
+    [
+        # The deadlock's reentrant backward keeps starting threads: seen long before the timeout.
+        (
+            4,
+            (
+                "reentrant backward without end: over 4 threads started into measurement "
+                "(a measurement starts none); process group killed"
+            ),
+        ),
+        # Without the thread watch (a deadlock that starts no threads), the timeout ends it.
+        (None, "no result 3 s into measurement; process group killed"),
+    ],
+)
+def test_selective_mlp_with_biases_is_reported_as_hang(runaway_threads, message):
     # MCore 0.19.2 deadlocks in CheckpointFunction.backward for selective `mlp` with biases. When an
     # upstream fix lands this test fails: the row then completes, and the probe reports it measured.
     # The child's start-up (torch + MCore import) has its own, generous limit: a loaded CI box is slow.
     probe = IsolatedProbe(
-        "dense-tiny", ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True), timeout_s=3
+        "dense-tiny",
+        ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True),
+        timeout_s=3,
+        runaway_threads=runaway_threads,
     )
     # The deadline is kept while the parent is busy elsewhere (measuring the other rows), not when it
     # collects the outcome: the deadlock spins a core until it is killed.
     assert _wait_for(lambda: probe.process.poll() is not None, 120)
     outcome = probe.outcome()
-    assert outcome.status == "hang", outcome.message
-    assert outcome.message == "no result 3 s into measurement; process group killed"
+    assert (outcome.status, outcome.message) == ("hang", message)
     try:
         os.killpg(probe.process.pid, 0)
         alive = True
     except ProcessLookupError:
         alive = False
     assert not alive
+
+
+def test_a_row_that_ends_is_not_taken_for_a_runaway():
+    # The same row without biases finishes under the same thread watch: its backward starts no threads.
+    probe = IsolatedProbe(
+        "dense-tiny", ProbeRow(RecomputeFields.selective("mlp")), timeout_s=60, runaway_threads=4
+    )
+    outcome = probe.outcome()
+    assert outcome.status == "completed" and outcome.payload is not None, outcome.message
+    assert outcome.payload["status"] == "effective"
 
 
 def _isolated_children(marker: str) -> list[int]:
@@ -138,7 +165,7 @@ def test_a_sigkilled_parents_isolated_child_dies_with_it():
     script = (
         "import time\nfrom harness.config.fields import RecomputeFields\nfrom harness.probe.isolate import IsolatedProbe\n"
         "from harness.probe.plan import ProbeRow\n"
-        "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300)\n"
+        "IsolatedProbe('dense-tiny', ProbeRow(RecomputeFields.selective('mlp'), add_bias_linear=True), timeout_s=300, runaway_threads=None)\n"
         "time.sleep(300)\n"
     )
     with _adopting_orphans():

@@ -16,8 +16,8 @@ from marked_processes import MARKER_ENV, marked_processes
 from harness.probe.passes import probe_passes
 from harness.probe.table import probe_json
 
-# Worker processes each import torch and Megatron Core (~6 s of CPU): .ci/run's "sweeps" step.
-pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
+# Worker processes each import torch and Megatron Core (~6 s of CPU): .ci/run's "layouts" step.
+pytestmark = [pytest.mark.slow, pytest.mark.layouts]
 
 
 def test_passes_on_workers_are_the_passes_of_one_process():

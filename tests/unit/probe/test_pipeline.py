@@ -19,8 +19,8 @@ from harness.probe.axes import MEASURED, NOT_PROBED, coverage
 from harness.probe.pipeline import PIPELINE_MICROBATCHES, probe_pipeline
 from harness.probe.runner import ModelProbe, ProbeRowResult
 
-# One two-rank torchrun probe of 7 rows per stage (~35 s of CPU): .ci/run's "sweeps" step.
-pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
+# One two-rank torchrun probe of 7 rows per stage (~35 s of CPU): .ci/run's "layouts" step.
+pytestmark = [pytest.mark.slow, pytest.mark.layouts]
 
 MODEL, PP = "dense-deep", 2
 

@@ -17,8 +17,8 @@ from harness.golden.store import CHECKOUT_ROOT, CPU_SUBDIR, golden_filename, loa
 from harness.probe.axes import MEASURED, coverage
 from harness.probe.runner import ModelProbe
 
-# One two-rank torchrun probe of dense-tiny's rows, fp32: .ci/run's "sweeps" step.
-pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
+# One two-rank torchrun probe of dense-tiny's rows, fp32: .ci/run's "layouts" step.
+pytestmark = [pytest.mark.slow, pytest.mark.layouts]
 
 MODEL, TP = "dense-tiny", 2
 

@@ -20,8 +20,8 @@ from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 from harness.run.torchrun import processes_with_token
 
-# One two-rank EP 2 torchrun sweep (~20 s of CPU) that every test here reads: .ci/run's "sweeps" step.
-pytestmark = [pytest.mark.slow, pytest.mark.sweeps]
+# One two-rank EP 2 torchrun sweep (~20 s of CPU) that every test here reads: .ci/run's "layouts" step.
+pytestmark = [pytest.mark.slow, pytest.mark.layouts]
 
 
 @pytest.fixture(scope="module")

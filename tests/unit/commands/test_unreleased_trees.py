@@ -1,0 +1,61 @@
+"""Megatron Core trees that are no release, judged for real: a comment-only edit of a recompute file
+is "same behaviour" in labels --check, probe --check-golden and diff; Megatron-LM #4921's head (a pull
+request, not merged) has its ``skip_final_recompute`` measured. Outside the CPU tier's budget: .ci/run's
+``unreleased`` step (``pytest -m unreleased -n 2``), with the development head's goldens
+(test_revisions.py)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from overlays import harness_on, pull_request_trees
+
+from harness.config.revisions import megatron_core_root
+
+pytestmark = [pytest.mark.slow, pytest.mark.unreleased]
+
+
+def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
+    installed = megatron_core_root().parent
+    copy = tmp_path / "edited"
+    shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    random_py = copy / "megatron" / "core" / "tensor_parallel" / "random.py"
+    random_py.write_text(random_py.read_text() + "\n# a comment: no behaviour changes here\n")
+
+    labels = harness_on(copy, "labels", "--check")
+    assert labels.returncode == 0 and labels.stdout.startswith("same behaviour: "), labels
+    probe = harness_on(copy, "probe", "--model", "dense-tiny", "--check-golden")
+    assert probe.returncode == 0, probe.stdout[-3000:]
+    assert "dense-tiny: same behaviour: no golden " in probe.stdout
+    diff = harness_on(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert "\nprobed: dense-tiny (fp32, unfused core attention)\n" in diff.stdout  # only that model
+    assert diff.stdout.rstrip().endswith(
+        "verdict: same behaviour (new fingerprint, no value changed)"
+    )
+
+
+def test_skip_final_recompute_is_measured_where_a_tree_declares_it():
+    # Megatron-LM #4921 (not merged) adds TransformerConfig.skip_final_recompute: the probe plans
+    # its rows from the tree's own config and measures what the field does to each unit.
+    try:
+        _, pr_head = pull_request_trees(4921)
+    except LookupError as exc:
+        pytest.skip(f"no Megatron-LM pull request #4921: {exc}")
+    probe = harness_on(pr_head, "probe", "--model", "dense-deep", "--precision", "fp32", "--json")
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
+    rows = {row["label"]: row for row in json.loads(probe.stdout)[0]["rows"]}
+    layers = 4  # dense-deep
+    skip_rows = [label for label in rows if label.endswith("-skip-final")]
+    assert len(skip_rows) == 2 * (layers + 1)  # every method x recompute_num_layers pair again
+    retained = {label: row["retained_bytes"] for label, row in rows.items()}
+    # block: the last of the first n checkpointed layers runs plainly, as under block with n - 1.
+    for n in range(2, layers + 1):
+        assert retained[f"full-block-{n}-skip-final"] == retained[f"full-block-{n - 1}"]
+    # uniform 1: every layer but the last checkpointed alone, which is block with L - 1.
+    assert retained["full-uniform-1-skip-final"] == retained[f"full-block-{layers - 1}"]
+    # uniform L: the one unit is the final one, so nothing is recomputed.
+    assert rows[f"full-uniform-{layers}-skip-final"]["status"] == "inactive"
+    assert rows["full-block-1-skip-final"]["status"] == "inactive"
