@@ -245,7 +245,7 @@ def run_row(
             if stopped:
                 break
         if stopped == "died":
-            _await_nodes(procs, {rank // max(world_size // len(procs), 1) for rank in died})
+            _await_nodes_of(procs, died, world_size)
     except BaseException:
         _stop(procs, token)
         raise
@@ -266,10 +266,13 @@ def run_row(
     )
 
 
-def _await_nodes(procs: list[subprocess.Popen], nodes: set[int]) -> None:
-    """Wait (at most ``DIED_SUMMARY_S``) for the torchruns of ``nodes`` to end by themselves."""
+def _await_nodes_of(procs: list[subprocess.Popen], ranks: list[int], world_size: int) -> None:
+    """Wait (at most ``DIED_SUMMARY_S``) for the launchers of ``ranks`` to end by themselves (one
+    launcher per node, or one srun for all of them)."""
+    ranks_per_launcher = max(world_size // len(procs), 1)
+    launchers = {min(rank // ranks_per_launcher, len(procs) - 1) for rank in ranks}
     deadline = time.monotonic() + DIED_SUMMARY_S
-    waiting = [procs[node] for node in sorted(nodes) if node < len(procs)]
+    waiting = [procs[index] for index in sorted(launchers)]
     while any(proc.poll() is None for proc in waiting) and time.monotonic() < deadline:
         exit_if_stopped()
         time.sleep(0.05)

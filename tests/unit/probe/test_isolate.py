@@ -23,28 +23,30 @@ PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 @pytest.mark.parametrize(
-    ("runaway_threads", "message"),
+    ("runaway_threads", "timeout_s", "message"),
     [
-        # The deadlock's reentrant backward keeps starting threads: seen long before the timeout.
+        # The deadlock's reentrant backward keeps starting threads: seen long before the timeout
+        # (a minute here, so a loaded machine's slow thread growth is not taken over by it).
         (
             4,
+            60,
             (
                 "reentrant backward without end: over 4 threads started into measurement "
                 "(a measurement starts none); process group killed"
             ),
         ),
         # Without the thread watch (a deadlock that starts no threads), the timeout ends it.
-        (None, "no result 3 s into measurement; process group killed"),
+        (None, 3, "no result 3 s into measurement; process group killed"),
     ],
 )
-def test_selective_mlp_with_biases_is_reported_as_hang(runaway_threads, message):
+def test_selective_mlp_with_biases_is_reported_as_hang(runaway_threads, timeout_s, message):
     # MCore 0.19.2 deadlocks in CheckpointFunction.backward for selective `mlp` with biases. When an
     # upstream fix lands this test fails: the row then completes, and the probe reports it measured.
     # The child's start-up (torch + MCore import) has its own, generous limit: a loaded CI box is slow.
     probe = IsolatedProbe(
         "dense-tiny",
         ProbeRow(RecomputeFields.selective("mlp"), add_bias_linear=True),
-        timeout_s=3,
+        timeout_s=timeout_s,
         runaway_threads=runaway_threads,
     )
     # The deadline is kept while the parent is busy elsewhere (measuring the other rows), not when it
@@ -161,6 +163,7 @@ def _exit_status(pid: int, timeout_s: float) -> int | None:
 
 def test_a_sigkilled_parents_isolated_child_dies_with_it():
     # A parent that only starts the child (no torch of its own) and is then SIGKILLed: no clean-up runs.
+    # No thread watch: its kill (SIGKILL too) must not be taken for the parent-death signal's.
     marker = uuid.uuid4().hex
     script = (
         "import time\nfrom harness.config.fields import RecomputeFields\nfrom harness.probe.isolate import IsolatedProbe\n"
