@@ -1,4 +1,4 @@
-"""Wall time of each bump step and of the CI rehearsal (target: rehearsal <= 30 s of the 150 s CPU tier).
+"""Wall time of each bump step per revision (the revisions step as CI runs it: benchmarks/ci_steps.py).
 
 Runs the workflow of tests/unit/commands/test_bump.py: megatron-core overlays (cached, see that test)
 shadowing the venv's Megatron Core in a temporary copy of the repository; prints the wall time of

@@ -2,7 +2,8 @@
 # Golden refresh after a Megatron Core bump.
 #   1. bump megatron-core in pyproject.toml (./venv-run reinstalls on first use), or put the new
 #      Megatron Core first on PYTHONPATH / install it in your own environment;
-#   2. ci/golden-refresh.sh [--cpu-only] [RECIPE...]   (default recipes: the GPU ones this runner holds);
+#   2. ci/golden-refresh.sh [--cpu-only] [--jobs=N] [RECIPE...]   (default recipes: the GPU ones this runner
+#      holds; --jobs=N: the CPU probe's passes run at once, default one per usable core);
 #   3. review the printed diffs and the summary, commit tests/golden/ (new pins get new files; old stay).
 # ci/golden-refresh.sh --all-revisions: the label manifests and CPU goldens (both attention back ends)
 #   of every supported revision (tests/support/overlays.py REVISIONS: 0.18.2, 0.19.0, the venv's
@@ -18,11 +19,13 @@ cd "$root"
 
 cpu_only=0
 all_revisions=0
+jobs=()
 recipes=()
 for arg in "$@"; do
   case "$arg" in
     --cpu-only) cpu_only=1 ;;
     --all-revisions) all_revisions=1 ;;
+    --jobs=*) jobs=(--jobs "${arg#--jobs=}") ;;
     -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     -*) echo "golden-refresh: unknown option $arg" >&2; exit 2 ;;
     *) recipes+=("$arg") ;;
@@ -49,7 +52,7 @@ if [[ $all_revisions -eq 1 ]]; then
   for revision in $revisions; do
     tree=$(py tests/support/overlays.py --path "$revision") || { echo "golden-refresh: no tree for $revision" >&2; exit 2; }
     printf '\n== %s (%s)\n' "$revision" "${tree:-the venv}"
-    for command in "labels --write-manifest" "probe --all --write-golden" "probe --all --attention-backend fused --write-golden"; do
+    for command in "labels --write-manifest" "probe --all --write-golden ${jobs[*]}" "probe --all --attention-backend fused --write-golden ${jobs[*]}"; do
       # shellcheck disable=SC2086  # the command's words
       if ! PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" harness $command >"$out_file"; then
         cat "$out_file"; echo "golden-refresh: $revision: $command failed" >&2; exit 2
@@ -71,7 +74,7 @@ step() { printf '\n== %s\n' "$*"; }
 # The CPU half in one process (one torch import): identity, label diff + manifest, matrix drift
 # report, one probe pass writing the CPU goldens; it prints its own summary and wall times.
 step "CPU half: recompute-harness bump"
-harness bump; cpu_rc=$?
+harness bump "${jobs[@]}"; cpu_rc=$?
 case $cpu_rc in
   0) ;;
   1) left+=("CPU half: drift to fix (see its summary above)"); next+=("follow the CPU summary's next step, then rerun") ;;

@@ -45,7 +45,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "golden": ("golden", "refresh goldens from fresh run records"),
     "bump": (
         "bump",
-        "after a Megatron Core bump: label diff, matrix drift, CPU goldens (one process)",
+        "after a Megatron Core bump: label diff, matrix drift, CPU goldens",
     ),
     "diff": (
         "diff",

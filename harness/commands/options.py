@@ -7,7 +7,9 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from harness.errors import UsageError
 from harness.golden.store import ENV_VAR
+from harness.processes import usable_cores
 from harness.record.io import unmeasured_rows
 
 
@@ -28,6 +30,23 @@ def add_golden_dir(parser: argparse.ArgumentParser, help_text: str | None = None
         help=help_text
         or f"golden root (default: ${ENV_VAR}, else tests/golden of the checkout, else the copy shipped with the package, read-only)",
     )
+
+
+def add_jobs(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=usable_cores(),
+        metavar="N",
+        help="probe passes (a model at a precision) run at once, each on a worker process of its "
+        f"own (default: the usable cores, {usable_cores()} here; 1: every pass in this process, "
+        "the cheaper choice when other CPU-heavy work shares the cores)",
+    )
+
+
+def require_jobs(jobs: int) -> None:
+    if jobs < 1:
+        raise UsageError(f"--jobs must be at least 1, got {jobs}")
 
 
 def note_unmeasured(paths: Iterable[Path]) -> list[str]:

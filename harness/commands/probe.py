@@ -7,12 +7,11 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from harness.commands.options import add_golden_dir
+from harness.commands.options import add_golden_dir, add_jobs, require_jobs
 from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
 from harness.probe.plan import PRECISIONS, parse_label_sets
-from harness.processes import usable_cores
 
 if TYPE_CHECKING:  # the runner imports torch and Megatron Core, which run() defers
     from harness.probe.runner import ModelProbe
@@ -73,14 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "schedule (N CPU ranks under torchrun): [] and full recompute per stage, with the "
         "micro-batches in flight; each stage has its own goldens (docs/probe-coverage.md)",
     )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=usable_cores(),
-        metavar="N",
-        help="probe passes (a model at a precision) run at once, each on a worker process of its "
-        f"own (default: the usable cores, {usable_cores()} here; 1: every pass in this process)",
-    )
+    add_jobs(parser)
     layout.add_argument(
         "--tensor-parallel",
         type=int,
@@ -208,8 +200,7 @@ def run(args: argparse.Namespace) -> int:
             )
         return EXIT_OK
     names = buildable_models() if args.all else [buildable_model(args.model).name]
-    if args.jobs < 1:
-        raise UsageError(f"--jobs must be at least 1, got {args.jobs}")
+    require_jobs(args.jobs)
     if not 0 < args.hang_timeout <= 600:
         raise UsageError(f"--hang-timeout must be in (0, 600] seconds, got {args.hang_timeout:g}")
     sizes = _sizes(args)

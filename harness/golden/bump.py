@@ -1,10 +1,11 @@
-"""After a Megatron Core bump, the CPU half of a golden refresh in one process (``bump``).
+"""After a Megatron Core bump, the CPU half of a golden refresh (``bump``).
 
 Steps, each timed: the identity of the imported Megatron Core; the label diff against the pinned (or
-newest) manifest, then the manifest for this revision; the matrix drift report; one probe pass that
-prints the per-label diff and writes the CPU goldens. Every write is idempotent (an unchanged revision
-writes nothing, byte for byte). A step that cannot run says why, and the summary lists what was
-refreshed, what was left and the next step. ``ci/golden-refresh.sh`` runs this, then the GPU half.
+newest) manifest, then the manifest for this revision; the matrix drift report; one probe (its
+passes on ``--jobs`` workers) that prints the per-label diff and writes the CPU goldens. Every write
+is idempotent (an unchanged revision writes nothing, byte for byte). A step that cannot run says
+why, and the summary lists what was refreshed, what was left and the next step.
+``ci/golden-refresh.sh`` runs this, then the GPU half.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from harness.models import buildable_models
 from harness.probe.passes import probe_passes
 from harness.probe.plan import PRECISIONS
 from harness.probe.table import probe_table, unmeasured_table
-from harness.processes import usable_cores
 
 
 @dataclass
@@ -60,9 +60,12 @@ def _step(summary: BumpSummary, name: str, action: Callable[[], None]) -> None:
         summary.timings.append((name, time.perf_counter() - started))
 
 
-def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> BumpSummary:
-    """Run the bump's steps, printing each as it runs; the caller has refused an MCore without an
-    identity and unwritable golden directories (nothing is written then)."""
+def bump(
+    count: int, *, probe: bool = True, golden_dir: Path | None = None, jobs: int = 1
+) -> BumpSummary:
+    """Run the bump's steps, printing each as it runs (the probe's passes on ``jobs`` workers); the
+    caller has refused an MCore without an identity and unwritable golden directories (nothing is
+    written then)."""
     summary = BumpSummary()
 
     def identity() -> None:
@@ -102,7 +105,7 @@ def bump(count: int, *, probe: bool = True, golden_dir: Path | None = None) -> B
             )
             return
         try:
-            probes = probe_passes(buildable_models(), PRECISIONS, jobs=usable_cores())
+            probes = probe_passes(buildable_models(), PRECISIONS, jobs=jobs)
         except RuntimeError as exc:  # a pass worker died or hung (and was killed): nothing written
             print(f"failed: {exc}")
             summary.left.append("CPU goldens: a probe pass failed (see above)")

@@ -11,7 +11,7 @@
   holds it (harness.probe.carried).
 - **Peaks over the step**: per phase (forward, backward, optimizer) and per module, from torch's
   ``MemTracker`` on a third step (harness.probe.peaks).
-- **Replay cost**: backward FLOPs from ``FlopCounterMode`` (matmul-class ops only), plus the bytes
+- **Replay cost**: backward FLOPs from ``FlopCounterMode`` (matmul-class ops only; ``harness.probe.flops``), plus the bytes
   read and written by every op *replayed* in backward. A replayed op is one that runs with grad mode
   on during backward: autograd runs backward with grad mode off, and every MCore checkpoint replays
   its forward under ``torch.enable_grad()``.
@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import FlopCounterMode
 
 from harness.cpu.adapter import reseed
 from harness.models import TinyModel
 from harness.probe.carried import Carried, measure_carried
+from harness.probe.flops import flop_counter
 from harness.probe.peaks import StepPeaks, measure_step_peaks
 
 
@@ -191,7 +191,7 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
 
     loss, retained_bytes, attribution = retained_by_forward(module, lambda: model.loss(batch))
     seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
-    with FlopCounterMode(display=False) as flops, ReplayCounter() as replay:
+    with flop_counter() as flops, ReplayCounter() as replay:
         loss.backward(seed_grad)
     grads = _grads(module)
 

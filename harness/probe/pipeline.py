@@ -44,7 +44,6 @@ from typing import Any
 import torch
 from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
-from torch.utils.flop_counter import FlopCounterMode
 
 from harness.config.fields import SKIP_FINAL_FIELD, RecomputeFields
 from harness.config.validate import (
@@ -55,6 +54,7 @@ from harness.config.validate import (
 from harness.cpu.adapter import cuda_allocations_on_cpu, init_cpu_parallel_state, reseed
 from harness.errors import UsageError
 from harness.models import StyleModel, TinyModel, build_model, buildable_model
+from harness.probe.flops import flop_counter
 from harness.probe.measure import (
     ReplayCounter,
     SavedTensors,
@@ -199,7 +199,7 @@ def stage_step(built: TinyModel, *, seed: int, instrument: bool = True) -> Stage
         batch = next(data_iterator)
         if not instrument:
             return forward(batch), loss_func
-        with FlopCounterMode(display=False) as flops:
+        with flop_counter() as flops:
             output, saved = saved_during(module, lambda: forward(batch))
         forward_flops += flops.get_total_flops()
         retained.append(saved.retained(excluded)[0])
@@ -227,7 +227,7 @@ def stage_step(built: TinyModel, *, seed: int, instrument: bool = True) -> Stage
         if not instrument:
             stored = step()
         else:
-            with FlopCounterMode(display=False) as step_flops, EngineReplayCounter() as replay:
+            with flop_counter() as step_flops, EngineReplayCounter() as replay:
                 stored = step()
     grads = {
         name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None

@@ -33,9 +33,12 @@ def head_tree() -> Path:
 )
 def test_each_revision_matches_its_committed_goldens(revision):
     tree = head_tree() if revision == "head" else overlay(revision)
-    labels = harness_on(tree, "labels", "--check")
-    assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
-    probe = harness_on(tree, "probe", "--all", "--check-golden")
+    if revision == "head":  # 0.19.0's manifest: test_bump.py's bump to it says its labels match
+        labels = harness_on(tree, "labels", "--check")
+        assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
+    # One process: the step's other worker runs a whole probe too (two probes of two workers each on
+    # two cores took 122 s side by side, of one process each 96 s).
+    probe = harness_on(tree, "probe", "--all", "--check-golden", "--jobs", "1")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
     # fp32 and bf16 of the style models each tree can build: mhc-tiny and gdp-tiny need the head's
     # hyper-connections and GatedDeltaProduct; the head's MTP layer cannot be built without
