@@ -58,9 +58,18 @@ def test_an_operator_with_a_composite_kernel_is_decomposed_and_counted_as_upstre
     assert counts[0] == counts[1] == 2 * 4 * 8 * 16
 
 
-def test_another_torch_gets_flopcountermode_as_it_is(monkeypatch):
-    upstream, _ = flops._REVIEWED_FLOP_COUNTER["OpOverload.decompose"]
-    monkeypatch.setitem(flops._REVIEWED_FLOP_COUNTER, "OpOverload.decompose", (upstream, "0" * 16))
+@pytest.mark.parametrize("changed", ["OpOverload.decompose", "_FlopCounterMode.__torch_dispatch__"])
+def test_another_torch_gets_flopcountermode_as_it_is(monkeypatch, changed):
+    monkeypatch.setitem(flops._REVIEWED_FLOP_COUNTER, changed, "0" * 16)
+    flops._flop_counter_is_reviewed.cache_clear()
+    try:
+        assert type(flops.flop_counter()) is FlopCounterMode
+    finally:
+        flops._flop_counter_is_reviewed.cache_clear()
+
+
+def test_a_torch_without_the_dispatch_class_gets_flopcountermode_as_it_is(monkeypatch):
+    monkeypatch.delattr(flops.upstream, "_FlopCounterMode")
     flops._flop_counter_is_reviewed.cache_clear()
     try:
         assert type(flops.flop_counter()) is FlopCounterMode
