@@ -71,8 +71,8 @@ next=()
 started=$SECONDS
 step() { printf '\n== %s\n' "$*"; }
 
-# The CPU half in one process (one torch import): identity, label diff + manifest, matrix drift
-# report, one probe pass writing the CPU goldens; it prints its own summary and wall times.
+# The CPU half: identity, label diff + manifest, matrix drift report, one probe of every style model
+# (its passes on --jobs workers) writing the CPU goldens; it prints its own summary and wall times.
 step "CPU half: recompute-harness bump"
 harness bump "${jobs[@]}"; cpu_rc=$?
 case $cpu_rc in

@@ -61,7 +61,7 @@ def _step(summary: BumpSummary, name: str, action: Callable[[], None]) -> None:
 
 
 def bump(
-    count: int, *, probe: bool = True, golden_dir: Path | None = None, jobs: int = 1
+    count: int, *, jobs: int, probe: bool = True, golden_dir: Path | None = None
 ) -> BumpSummary:
     """Run the bump's steps, printing each as it runs (the probe's passes on ``jobs`` workers); the
     caller has refused an MCore without an identity and unwritable golden directories (nothing is

@@ -40,27 +40,34 @@ _REVIEWED_FLOP_COUNTER = {
 }
 # A torch whose FlopCounterMode is its own dispatch mode has no _FlopCounterMode: it is used as it is.
 _UpstreamDispatch: type = getattr(upstream, "_FlopCounterMode", object)
-_ops = torch.ops
-# Metadata queries upstream's dispatch declines (returns NotImplemented for), built once.
-_DECLINED = frozenset(
-    {
-        _ops.aten.sym_is_contiguous.default,
-        _ops.aten.is_contiguous.default,
-        _ops.aten.is_contiguous.memory_format,
-        _ops.aten.is_strides_like_format.default,
-        _ops.aten.is_non_overlapping_and_dense.default,
-        _ops.aten.size.default,
-        _ops.aten.sym_size.default,
-        _ops.aten.stride.default,
-        _ops.aten.sym_stride.default,
-        _ops.aten.storage_offset.default,
-        _ops.aten.sym_storage_offset.default,
-        _ops.aten.numel.default,
-        _ops.aten.sym_numel.default,
-        _ops.aten.dim.default,
-        _ops.prim.layout.default,
-    }
-)
+
+
+@cache
+def _declined() -> frozenset[Any]:
+    """The metadata queries upstream's dispatch declines (returns NotImplemented for), built once, and
+    only on the reviewed torch (another may not have every one of them)."""
+    aten, prim = torch.ops.aten, torch.ops.prim
+    return frozenset(
+        {
+            aten.sym_is_contiguous.default,
+            aten.is_contiguous.default,
+            aten.is_contiguous.memory_format,
+            aten.is_strides_like_format.default,
+            aten.is_non_overlapping_and_dense.default,
+            aten.size.default,
+            aten.sym_size.default,
+            aten.stride.default,
+            aten.sym_stride.default,
+            aten.storage_offset.default,
+            aten.sym_storage_offset.default,
+            aten.numel.default,
+            aten.sym_numel.default,
+            aten.dim.default,
+            prim.layout.default,
+        }
+    )
+
+
 _COMPOSITE = DispatchKey.CompositeImplicitAutograd
 
 
@@ -70,6 +77,7 @@ class _DecomposingOnlyCompositesMode(_UpstreamDispatch):
 
     def __init__(self, counter: FlopCounterMode) -> None:
         super().__init__(counter)
+        self._declined = _declined()
         self._composite: dict[Any, bool] = {}
 
     def _decomposes(self, func: Any) -> bool:
@@ -83,7 +91,7 @@ class _DecomposingOnlyCompositesMode(_UpstreamDispatch):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs if kwargs else {}
-        if func in _DECLINED:
+        if func in self._declined:
             return NotImplemented
         if isinstance(func, torch._ops.HigherOrderOperator):
             return self._handle_higher_order_ops(func, types, args, kwargs)
