@@ -1,8 +1,9 @@
 """Wall time of each bump step per revision (the revisions step as CI runs it: benchmarks/ci_steps.py).
 
-Runs the workflow of tests/unit/commands/test_bump.py: megatron-core overlays (cached, see that test)
-shadowing the venv's Megatron Core in a temporary copy of the repository; prints the wall time of
-the whole refresh and of each ``bump`` step (identity, labels, matrix, probe) per revision.
+Runs the workflow of tests/unit/commands/test_bump*.py (tests/support/bump_workflow.py): megatron-core
+overlays (cached, tests/support/overlays.py) shadowing the venv's Megatron Core in a temporary copy of
+the repository; prints the wall time of the whole refresh and of each ``bump`` step (identity, labels,
+matrix, probe) per revision.
 
     ./venv-run python benchmarks/bump_rehearsal.py [--versions 0.18.2 0.19.0]
 """
@@ -15,8 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit" / "commands"))
-from test_bump import copy_repo, overlay, refresh
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+from bump_workflow import copy_repo, refresh
+from overlays import overlay
 
 
 def main() -> None:

@@ -295,6 +295,16 @@ def buildable_models() -> list[str]:
     return [name for name, style in STYLE_MODELS.items() if not not_on_this_tree(style)]
 
 
+def not_probed_lines() -> list[str]:
+    """``not probed here: <model>: <why>`` for each style model the imported Megatron Core cannot
+    build: what ``probe --all`` and ``bump`` say they left out."""
+    return [
+        f"not probed here: {name}: {why}"
+        for name, style in STYLE_MODELS.items()
+        if (why := not_on_this_tree(style))
+    ]
+
+
 def buildable_model(name: str) -> StyleModel:
     """``style_model(name)``, refused in one line where this Megatron Core cannot build it."""
     style = style_model(name)

@@ -164,7 +164,13 @@ def run(args: argparse.Namespace) -> int:
     # Megatron Core (4.0 s, benchmarks/mcore_import.py), which `--help`, parsing and an unpinnable
     # revision's refusal never pay.
     from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
-    from harness.models import STYLE_MODELS, buildable_model, buildable_models, not_on_this_tree
+    from harness.models import (
+        STYLE_MODELS,
+        buildable_model,
+        buildable_models,
+        not_on_this_tree,
+        not_probed_lines,
+    )
     from harness.probe.axes import coverage
     from harness.probe.passes import probe_passes
     from harness.probe.pipeline import check_pipelinable
@@ -252,9 +258,8 @@ def run(args: argparse.Namespace) -> int:
         if unmeasured:
             print(unmeasured)
             print()
-        for name, style in STYLE_MODELS.items():
-            if args.all and name not in names:
-                print(f"not probed here: {name}: {not_on_this_tree(style)}")
+        for line in not_probed_lines() if args.all else []:
+            print(line)
     errors = probe_errors(probes)
     if errors:
         print(f"{len(errors)} row(s) raised (status error; the rest was probed):")

@@ -21,7 +21,7 @@ from harness.errors import UsageError
 from harness.golden.labels import manifest_verdict, write_manifest
 from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
-from harness.models import buildable_models
+from harness.models import buildable_models, not_probed_lines
 from harness.probe.passes import probe_passes
 from harness.probe.plan import PRECISIONS
 from harness.probe.table import probe_table, unmeasured_table
@@ -115,6 +115,8 @@ def bump(
         unmeasured = unmeasured_table(probes)
         if unmeasured:
             print(unmeasured + "\n")
+        for line in not_probed_lines():
+            print(line)
         lines, written, _ = golden_step(
             probes, write=True, golden_dir=golden_dir, adapter_drift=drift
         )

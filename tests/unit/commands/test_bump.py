@@ -1,102 +1,29 @@
-"""A Megatron Core bump, rehearsed for real: released megatron-core wheels overlaid next to the venv.
+"""A Megatron Core bump, rehearsed for real: a released megatron-core wheel overlaid next to the venv.
 
 Each overlay (``tests/support/overlays.py``) is ``pip install --no-deps --target`` of a small
-megatron-core wheel (torch is reused), cached outside the repository. The bump workflow (``ci/golden-refresh.sh --cpu-only``) runs
-in a temporary copy of the repository with the overlay first on ``PYTHONPATH``; the pinned goldens of
-the locked revision must come out byte for byte unchanged, a manifest it writes must be the committed
-one, and a refresh of a pinned revision must write nothing.
+megatron-core wheel (torch is reused), cached outside the repository. The bump workflow
+(``ci/golden-refresh.sh --cpu-only``) runs in a temporary copy of the repository with the overlay
+first on ``PYTHONPATH`` (``tests/support/bump_workflow.py``); the pinned goldens of the locked revision
+must come out byte for byte unchanged and the manifest it writes must be the committed one. A bump to
+a pinned revision without drift: test_bump_pinned.py (its own module, so the ``revisions`` step's two
+workers run the two whole probes side by side: ``--dist loadscope``).
 
-The expectations name what really changed in those releases (read from their sources): 0.18.2 has no
+The expectations name what really changed in 0.18.2 (read from its sources): it has no
 ``gdn_norm_out`` label and no check for it, yet the CPU adapter passes its self-check there (its
-replaced objects are the reviewed ones), so its CPU goldens are written; 0.19.0 matches 0.19.2's
-labels, rules and adapter surface.
+replaced objects are the reviewed ones), so its CPU goldens are written.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-from overlays import WHOLE_PROBE_TIMEOUT_S, overlay
+from bump_workflow import REPO, copy_repo, goldens, refresh
+from overlays import overlay
 
 from harness.config.revisions import source_fingerprint
 
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parents[3]
-
-
-def copy_repo(tmp_path: Path) -> Path:
-    """The tracked (and not ignored) files of the repository, as a checkout would have them."""
-    listed = (
-        subprocess.run(
-            [
-                "git",
-                "-C",
-                str(REPO),
-                "ls-files",
-                "-z",
-                "--cached",
-                "--others",
-                "--exclude-standard",
-            ],
-            capture_output=True,
-            check=True,
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    copy = tmp_path / "repo"
-    for relative in filter(None, listed):
-        source = REPO / relative
-        if source.is_file():
-            (copy / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, copy / relative)
-    return copy
-
-
-def goldens(repo: Path) -> dict[str, bytes]:
-    return {
-        path.relative_to(repo).as_posix(): path.read_bytes()
-        for path in (repo / "tests" / "golden").rglob("*")
-        if path.is_file()
-    }
-
-
-def refresh(
-    repo: Path, mcore: Path, *argv: str, jobs: int | None = None
-) -> subprocess.CompletedProcess:
-    """The bump workflow in ``repo`` with ``mcore`` shadowing the venv's Megatron Core (its probe's
-    passes on ``jobs`` workers, default one per core), or the harness's ``argv`` there."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{repo}{os.pathsep}{mcore}",
-        "RECOMPUTE_HARNESS_PYTHON": sys.executable,
-    }
-    env.pop("VIRTUAL_ENV", None)
-    command = (
-        [
-            str(repo / "ci" / "golden-refresh.sh"),
-            "--cpu-only",
-            *([f"--jobs={jobs}"] if jobs else []),
-        ]
-        if not argv
-        else [sys.executable, "-m", "harness.cli", *argv]
-    )
-    return subprocess.run(
-        command,
-        cwd=repo,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=WHOLE_PROBE_TIMEOUT_S,
-        check=False,
-    )
 
 
 # A whole probe of every style model on 0.18.2 (~85 s): the revision step's, not the tier's. It also
@@ -110,7 +37,7 @@ def test_bump_to_0_18_2_names_every_drift_and_pins_only_its_own_goldens(tmp_path
     (repo / "tests" / "golden" / "labels" / f"{fingerprint}.json").unlink()
     before = goldens(repo)
 
-    first = refresh(repo, mcore, jobs=1)  # one process: the step's other worker probes 0.19.0
+    first = refresh(repo, mcore, jobs=1)  # one process: the step's other worker bumps to 0.19.0
     out = first.stdout
     assert first.returncode == 1, out + first.stderr  # drift is left to fix
     assert "megatron-core 0.18.2" in out
@@ -136,20 +63,3 @@ def test_bump_to_0_18_2_names_every_drift_and_pins_only_its_own_goldens(tmp_path
     assert written.pop("created") != committed.pop("created")  # so the manifest is a new write
     assert written == committed
     assert len([name for name in after if f"mcore-0.18.2-{fingerprint}" in name]) >= 6
-
-
-# A second whole bump in a subprocess (~18 s): .ci/run's revisions step, beside the bump to 0.18.2.
-@pytest.mark.revisions
-def test_bump_to_0_19_0_finds_no_drift(tmp_path):
-    mcore = overlay("0.19.0")
-    repo = copy_repo(tmp_path)
-    before = goldens(repo)
-    done = refresh(repo, mcore, "bump", "--no-probe")
-    out = done.stdout
-    assert done.returncode == 0, out + done.stderr
-    assert "megatron-core 0.19.0" in out and "recompute labels match the manifest" in out
-    assert (
-        "0 disagreements (0 causes), 0 rules that can no longer fire, 0 labels no rule names" in out
-    )
-    assert "CPU adapter: its replaced objects match their review" in out
-    assert goldens(repo) == before  # 0.19.0 is pinned already: nothing is written

@@ -1,5 +1,5 @@
 """``diff A B`` refuses what is not a probeable Megatron Core tree: one line, exit 2, nothing written.
-(Diffs of real trees, end to end, are the revision rehearsal's: tests/unit/commands/test_revisions.py.)"""
+(Diffs of real trees, end to end, are the unreleased step's: tests/unit/commands/test_unreleased_trees.py.)"""
 
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def test_skip_final_repeats_every_pair_after_the_plain_ones():
 
 def test_the_plan_asks_the_installed_config_for_skip_final_rows():
     # Megatron-LM #4921's field is in no supported revision's TransformerConfig: no such rows here
-    # (commands/test_revisions.py measures them on the pull request's own tree).
+    # (commands/test_unreleased_trees.py measures them on the pull request's own tree).
     from harness.config.fields import SKIP_FINAL_FIELD
     from harness.config.validate import config_has_field
 
