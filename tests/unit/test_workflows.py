@@ -76,3 +76,24 @@ def test_the_cpu_workflow_runs_every_step_of_ci_run():
     commands = [step["run"] for step in steps if "run" in step]
     missing = [c for c in ci_steps if not any(run.startswith(c) for run in commands)]
     assert missing == []
+
+
+def test_a_step_that_collects_one_folder_holds_every_test_of_its_marker():
+    # A step may run its marker's tests from one folder (`pytest -m MARKER ... FOLDER`) so its workers
+    # do not collect the whole suite: a test of that marker outside the folder would never run.
+    ci_steps = re.findall(r'^step "[^"]+" (.+)$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
+    narrowed = {
+        match[1]: match[2].split()
+        for command in ci_steps
+        if (match := re.search(r"pytest -m (\w+) .*?((?: tests/\S+)+)$", command))
+    }
+    assert "revisions" in narrowed, ci_steps
+    for marker, folders in narrowed.items():
+        marked = {
+            path.relative_to(ROOT).as_posix()
+            for path in (ROOT / "tests").rglob("test_*.py")
+            if re.search(rf"\bmark\.{marker}\b", path.read_text())
+        }
+        assert marked, marker
+        outside = [path for path in marked if not any(path.startswith(f"{f}/") for f in folders)]
+        assert outside == [], f"{marker} tests outside {folders}"
