@@ -27,12 +27,10 @@ module's own forward and backward peaks (the largest over its calls).
 The weights are copied back after the optimizer step, so the probe's model is left as it was built.
 
 ``memory_tracker()`` is the tracker every measurement uses: on the reviewed torch, one whose per-op
-peak update visits, by name, only the active modules whose peaks a step reads (the root and the layer
-parts) instead of walking every tracked module, whose snapshots are two-level copies instead of deep
-copies, which tracks an operator's outputs without rebuilding them, and which builds a device's zeroed
-snapshot only once (every statistic a step reads the same, updated the same way; the walk was half of
-a probe pass, the deep copies a third of what was left of the peak step, the rebuilt outputs a third
-of the rest).
+peak update visits the active modules by name instead of walking every tracked module, whose
+snapshots are two-level copies instead of deep copies, and which tracks an operator's outputs without
+rebuilding them (the same statistics, updated the same way; the walk was half of a probe pass, the
+deep copies a third of what was left of the peak step, the rebuilt outputs a third of the rest).
 """
 
 from __future__ import annotations
@@ -44,7 +42,7 @@ from typing import Any
 
 import torch
 from torch._guards import active_fake_mode
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState, _UpdateType
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_iter, tree_map_only
@@ -129,46 +127,33 @@ _REVIEWED_MEMTRACKER = {
     "_pre_fw_hook": "c03814b427a32ecc",
     "get_tracker_snapshot": "2c0129f26357895b",
     "__torch_dispatch__": "cda57a572a86648d",
-    "_update_snap": "a1d6221d03ebe9cb",
 }
 
 
 class _IndexedMemTracker(_MemTracker):
-    """``MemTracker`` whose per-operator peak update visits the active modules a step reads through
-    an index by name, whose snapshots are plain two-level copies, and whose per-operator tracking
-    visits the output's tensors without rebuilding the output.
+    """``MemTracker`` whose per-operator peak update visits the active modules through an index by
+    name, whose snapshots are plain two-level copies, and whose per-operator tracking visits the
+    output's tensors without rebuilding the output.
 
     Upstream's ``_update_peak_stats`` walks every tracked module (a weak dictionary) after every
     operator to find those whose name is among ``_mod_tracker.parents``; each module's update reads
     only its own statistics and the current snapshot, so visiting just those modules, in any order,
-    updates exactly what upstream updates. The index holds the modules whose peaks a step reads
-    (``_read_by_the_probe``: the others' are tracked but not kept); a module is added when first
-    tracked, and the index rebuilt when one is renamed (both happen in ``_pre_fw_hook``); a dead
-    module's stale entry is updated by nobody's reading (it has left ``memory_tracking``).
+    updates exactly what upstream updates. The index is rebuilt after a module is first tracked or
+    renamed (both happen in ``_pre_fw_hook``); a dead module's stale entry is updated by nobody's
+    reading (it has left ``memory_tracking``).
 
     Upstream's ``__torch_dispatch__`` tracks an operator's outputs with ``tree_map_only``, which
     rebuilds the output's structure only to discard it: a third of the peak step. Visiting the same
     leaves in the same (flattening) order calls ``_track`` exactly as upstream does."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._stats_by_fqn: dict[str, list[Any]] = {}
-
-    def _index(self, stats: Any) -> None:
-        if _read_by_the_probe(stats.mod_fqn):
-            self._stats_by_fqn.setdefault(stats.mod_fqn, []).append(stats)
+    _stats_by_fqn: dict[str, list[Any]] | None = None
 
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
         known = self.memory_tracking.get(module)
         name = None if known is None else known.mod_fqn
         super()._pre_fw_hook(module, inputs)
-        stats = self.memory_tracking[module]
-        if known is None:
-            self._index(stats)
-        elif stats.mod_fqn != name:
-            self._stats_by_fqn = {}
-            for tracked in self.memory_tracking.values():
-                self._index(tracked)
+        if known is None or self.memory_tracking[module].mod_fqn != name:
+            self._stats_by_fqn = None
 
     def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[str, int]]:
         # Upstream deep-copies the {device: {category: bytes}} snapshot, and every module hook takes
@@ -205,50 +190,14 @@ class _IndexedMemTracker(_MemTracker):
             )
         return result
 
-    def _update_snap(
-        self,
-        u_type: _UpdateType,
-        winfo: Any,
-        old_mem_consumed: int | None = None,
-        old_reftype: Any = None,
-    ) -> None:
-        # Upstream's update, but the device's zeroed snapshot (built by iterating the category enum)
-        # is built only for a new device: upstream builds it on every call, as ``setdefault``'s
-        # argument, to throw it away (a tenth of the peak step).
-        device = winfo.device
-        snapshot = self._curr_mem_snap.get(device)
-        if snapshot is None:
-            snapshot = self._curr_mem_snap[device] = dict.fromkeys(self._ref_class, 0)
-        snapshot.setdefault(_TOTAL, 0)
-        if u_type == _UpdateType.ADD:
-            snapshot[winfo.reftype] += winfo.mem_consumed
-            snapshot[_TOTAL] += winfo.mem_consumed
-            return
-        if u_type == _UpdateType.DEL:
-            snapshot[winfo.reftype] -= winfo.mem_consumed
-            snapshot[_TOTAL] -= winfo.mem_consumed
-        elif u_type == _UpdateType.REF:
-            if old_reftype is None:
-                raise AssertionError
-            snapshot[old_reftype] -= winfo.mem_consumed
-            snapshot[winfo.reftype] += winfo.mem_consumed
-            return
-        elif u_type == _UpdateType.SIZE:
-            if old_mem_consumed is None:
-                raise AssertionError
-            change = winfo.mem_consumed - old_mem_consumed
-            snapshot[winfo.reftype] += change
-            snapshot[_TOTAL] += change
-        else:
-            raise ValueError(f"Invalid update type: {u_type}")
-        if snapshot[_TOTAL] == 0:  # after a deletion or a resize, as upstream
-            del self._curr_mem_snap[device]
-
     def _update_peak_stats(self, peak_state: Any) -> None:
+        if self._stats_by_fqn is None:
+            self._stats_by_fqn = {}
+            for stats in self.memory_tracking.values():
+                self._stats_by_fqn.setdefault(stats.mod_fqn, []).append(stats)
         current = self._curr_mem_snap
-        index = self._stats_by_fqn
-        for name in self._mod_tracker.parents.intersection(index):
-            for stats in index[name]:
+        for name in self._mod_tracker.parents:
+            for stats in self._stats_by_fqn.get(name, ()):
                 if peak_state not in stats.snapshots:
                     continue
                 for device, snapshot in current.items():
@@ -295,20 +244,6 @@ def live_activation_bytes(snapshot: dict[torch.device, dict[str, int]]) -> int:
     return cpu.get(ACTIVATION, 0) + cpu.get(TEMPORARY, 0)
 
 
-def _layer_part(name: str) -> bool:
-    """A decoder layer or a direct child of one (``name`` relative to the model): the modules whose
-    peaks a step reports."""
-    return name.startswith("decoder.layers.") and name.count(".") < _MODULE_DEPTH
-
-
-def _read_by_the_probe(fqn: str) -> bool:
-    """Whether a step reads the peaks of the module named ``fqn`` (torch's module tracker names a
-    root by its class, a submodule by its path under it): a root (its backward peak) or a layer
-    part (``_module_peaks``)."""
-    _, _, name = fqn.partition(".")
-    return not name or _layer_part(name)
-
-
 def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[str, int]]:
     """Activation + temporary bytes at each module's own forward / backward peak (largest call)."""
     root_name = tracker.memory_tracking[root].mod_fqn
@@ -317,7 +252,7 @@ def _module_peaks(tracker: MemTracker, root: torch.nn.Module) -> dict[str, dict[
         if not stats.mod_fqn.startswith(f"{root_name}."):
             continue
         name = stats.mod_fqn[len(root_name) + 1 :]
-        if not _layer_part(name):
+        if name.count(".") >= _MODULE_DEPTH or not name.startswith("decoder.layers."):
             continue
         peaks[name] = {
             phase: max(
