@@ -69,34 +69,36 @@ def test_per_module_peaks_name_every_layer_and_its_parts(measured):
     assert modules["decoder.layers.1"]["forward"] > modules["decoder.layers.0"]["forward"] > 0
 
 
-def _tracked_step(tracker_class: type) -> tuple[dict, dict]:
-    """Forward + backward of a fresh full-recompute dense-tiny under ``tracker_class``: every
-    module's snapshots by name, and the tracker's own peak snapshot."""
+def _tracked_step(tracker_class: type, row: str) -> tuple[dict, dict, dict]:
+    """Forward + backward of a fresh dense-tiny ``row`` under ``tracker_class``: every module's
+    snapshots by name, and the tracker's own peak and current snapshots."""
     init_cpu_parallel_state()
-    model = build_model("dense-tiny", RecomputeFields.parse("full-uniform-1"))
+    model = build_model("dense-tiny", RecomputeFields.parse(row))
     batch = model.batch()
     tracker = tracker_class()
     tracker.track_external(model.module, *batch.values())
     with tracker:
         model.loss(batch).backward()
-        peak = tracker.get_tracker_snapshot("peak")
+        peak, current = tracker.get_tracker_snapshot("peak"), tracker.get_tracker_snapshot()
     modules = {s.mod_fqn: s.snapshots for s in tracker.memory_tracking.values()}
-    return modules, peak
+    return modules, peak, current
 
 
-def test_the_indexed_tracker_records_exactly_what_memtracker_records():
-    # Recompute replays modules inside backward (MemTracker's AC region): the hardest case for an
-    # index of the active modules. Every module's snapshots and the peak must be upstream's.
+# Full recompute replays modules inside backward (MemTracker's AC region): the hardest case for an
+# index of the active modules. Selective layernorm discards its output (CheckpointWithoutOutput
+# resizes the storage to 0 and back): the tracker's resize updates.
+@pytest.mark.parametrize("row", ["full-uniform-1", "layernorm"])
+def test_the_indexed_tracker_records_exactly_what_memtracker_records(row):
     from torch.distributed._tools.mem_tracker import MemTracker
 
     from harness.probe import peaks
 
     tracker = peaks.memory_tracker()
     assert type(tracker) is peaks._IndexedMemTracker  # torch 2.14.1: the reviewed methods
-    upstream_modules, upstream_peak = _tracked_step(MemTracker)
-    indexed_modules, indexed_peak = _tracked_step(peaks._IndexedMemTracker)
-    assert len(upstream_modules) > 20
-    assert indexed_modules == upstream_modules and indexed_peak == upstream_peak
+    upstream = _tracked_step(MemTracker, row)
+    indexed = _tracked_step(peaks._IndexedMemTracker, row)
+    assert len(upstream[0]) > 20
+    assert indexed == upstream
 
 
 def test_the_optimizer_phase_is_measured_once_per_parameter_set_and_reused_exactly():
