@@ -52,26 +52,20 @@ def goldens(repo: Path) -> dict[str, bytes]:
     }
 
 
-def refresh(
-    repo: Path, mcore: Path, *argv: str, jobs: int | None = None
-) -> subprocess.CompletedProcess:
-    """The bump workflow in ``repo`` with ``mcore`` shadowing the venv's Megatron Core (its probe's
-    passes on ``jobs`` workers, default one per core), or the harness's ``argv`` there."""
+def refresh(repo: Path, mcore: Path, *, jobs: int | None = None) -> subprocess.CompletedProcess:
+    """The bump workflow (``ci/golden-refresh.sh --cpu-only``) in ``repo`` with ``mcore`` shadowing the
+    venv's Megatron Core (its probe's passes on ``jobs`` workers, default one per core)."""
     env = {
         **os.environ,
         "PYTHONPATH": f"{repo}{os.pathsep}{mcore}",
         "RECOMPUTE_HARNESS_PYTHON": sys.executable,
     }
     env.pop("VIRTUAL_ENV", None)
-    command = (
-        [
-            str(repo / "ci" / "golden-refresh.sh"),
-            "--cpu-only",
-            *([f"--jobs={jobs}"] if jobs else []),
-        ]
-        if not argv
-        else [sys.executable, "-m", "harness.cli", *argv]
-    )
+    command = [
+        str(repo / "ci" / "golden-refresh.sh"),
+        "--cpu-only",
+        *([f"--jobs={jobs}"] if jobs else []),
+    ]
     return subprocess.run(
         command,
         cwd=repo,
