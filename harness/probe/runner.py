@@ -256,30 +256,51 @@ def measure_row(
             fields=row.fields,
             add_bias_linear=row.add_bias_linear,
         )
-    if result.carried is None or result.peaks is None:
-        raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
     with_dropout.module.load_state_dict(base.state)
     dropout = measure(with_dropout, seed=seed, instrument=False)
+    missing_te = te_only_labels_missing(
+        row.fields.modules or (), built.module, transformer_engine_available()
+    )
+    te_reason = requires_te_reason(missing_te, built.module) if missing_te else ""
+    return _classified(row, result, dropout, base, requires_te=te_reason)
 
+
+def control_row(base: Baseline) -> ProbeRowResult:
+    """The ``[]`` row from the baseline's own measurements: measuring a second build of the same
+    control with the same weights from the same seed repeated them (every golden's ``[]`` row, every
+    revision and back end: the same values), at the cost of a whole row."""
+    return _classified(ProbeRow(CONTROL), base.fp32, base.dropout, base)
+
+
+def _classified(
+    row: ProbeRow,
+    result: Measurement,
+    dropout: Measurement,
+    base: Baseline,
+    *,
+    requires_te: str = "",
+) -> ProbeRowResult:
+    """A measured row's result: its values, and its status against the control's (``requires_te``:
+    why its labels do nothing without Transformer Engine, where they do)."""
+    if result.carried is None or result.peaks is None:
+        raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     equivalence = compare_numerics(result.loss, result.grads, base.fp32.loss, base.fp32.grads)
     counts = (result.retained_bytes, result.backward_flops, result.replay_bytes)
     control_counts = (base.fp32.retained_bytes, base.fp32.backward_flops, base.fp32.replay_bytes)
-    labels = row.fields.modules or ()
-    missing_te = te_only_labels_missing(labels, built.module, transformer_engine_available())
     if row.fields == CONTROL:
         status, reason = CONTROL_STATUS, ""
-    elif missing_te:
-        status, reason = REQUIRES_TE, requires_te_reason(missing_te, built.module)
+    elif requires_te:
+        status, reason = REQUIRES_TE, requires_te
     elif counts == control_counts:
         status, reason = (
             INACTIVE,
             "accepted, but retained bytes, backward FLOPs and replayed bytes equal []",
         )
     else:
-        status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
+        status, reason = EFFECTIVE, sum_order_reason(row.fields.modules or (), equivalence)
     return ProbeRowResult(
         row.label,
         status,
@@ -445,7 +466,10 @@ def _probe_in_process(
         ]
     else:
         results = [
-            _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup) for row in rows
+            control_row(base)
+            if row == ProbeRow(CONTROL)
+            else _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup)
+            for row in rows
         ]
     return ModelProbe(
         style.name,

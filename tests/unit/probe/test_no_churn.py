@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
+from harness.cpu.adapter import init_cpu_parallel_state
 from harness.golden.probe import write_probe_golden
 from harness.probe import measure as measure_module
+from harness.probe import runner
+from harness.probe.plan import CONTROL, ProbeRow
 from harness.probe.runner import probe_models
 
 
@@ -43,3 +48,13 @@ def test_a_collection_just_before_the_carried_step_moves_no_count_and_no_golden(
     before = path.read_bytes()
     assert written and write_probe_golden(unforced, tmp_path) == (path, False)
     assert path.read_bytes() == before
+
+
+# The [] row is the control's own measurements (runner.control_row), not a second build measured
+# again: that repeat cost a whole row per pass and gave the same values. It must keep giving them.
+@pytest.mark.parametrize("model", ["dense-tiny", "nemotron-tiny"])
+def test_the_control_row_is_what_measuring_a_second_build_of_the_control_gives(model):
+    init_cpu_parallel_state(seed=1234)
+    base = runner.baseline(model)
+    remeasured = runner.measure_row(model, ProbeRow(CONTROL), base)
+    assert runner.control_row(base).as_dict() == remeasured.as_dict()
