@@ -29,12 +29,14 @@ The weights are copied back after the optimizer step, so the probe's model is le
 ``memory_tracker()`` is the tracker every measurement uses: on the reviewed torch, one whose per-op
 peak update visits the active modules by name instead of walking every tracked module, whose
 snapshots are two-level copies instead of deep copies, and which tracks an operator's outputs without
-rebuilding them (the same statistics, updated the same way; the walk was half of a probe pass, the
-deep copies a third of what was left of the peak step, the rebuilt outputs a third of the rest).
+rebuilding them, and which skips a per-op update that could change nothing (the same statistics,
+updated the same way; the walk was half of a probe pass, the deep copies a third of what was left of
+the peak step, the rebuilt outputs a third of the rest, the skipped updates a tenth of what was left).
 """
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 from torch._guards import active_fake_mode
+from torch.distributed._tools import mem_tracker
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType, _ModState
 from torch.distributed._tools.mod_tracker import ModTracker
 from torch.distributed.tensor import DTensor
@@ -127,7 +130,23 @@ _REVIEWED_MEMTRACKER = {
     "_pre_fw_hook": "c03814b427a32ecc",
     "get_tracker_snapshot": "2c0129f26357895b",
     "__torch_dispatch__": "cda57a572a86648d",
+    # Where a module's local peak is reset (pre hooks) and what the post hooks leave alone: the
+    # update skip below rests on them, and on when ModTracker adds a module to ``parents``.
+    "_pre_bw_hook": "d5740987fe474607",
+    "_post_fw_hook": "baccba3c4085eb7f",
+    "_post_bw_hook": "4c488ea31f420d98",
+    "_update_snap": "a1d6221d03ebe9cb",  # reads ``_ref_class``: nothing else in its module does
 }
+_REVIEWED_MODTRACKER = {"_get_append_fn": "a17818acdc08fb11", "_fw_pre_hook": "62dddd92d2879b22"}
+
+
+class _Snapshot(dict):
+    """A tracker snapshot, ``{device: {category: bytes}}``, whose deep copy copies its two levels:
+    the pre hooks deep-copy every snapshot they take (a twentieth of the peak step); devices, enum
+    members and ints are their own deep copies, so it is the same value."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Snapshot:
+        return _Snapshot({device: dict(snapshot) for device, snapshot in self.items()})
 
 
 class _IndexedMemTracker(_MemTracker):
@@ -144,16 +163,37 @@ class _IndexedMemTracker(_MemTracker):
 
     Upstream's ``__torch_dispatch__`` tracks an operator's outputs with ``tree_map_only``, which
     rebuilds the output's structure only to discard it: a third of the peak step. Visiting the same
-    leaves in the same (flattening) order calls ``_track`` exactly as upstream does."""
+    leaves in the same (flattening) order calls ``_track`` exactly as upstream does.
+
+    An update after which no total rose is skipped: an update leaves every active module's local peak
+    and the tracker's own peak at least at the totals it saw, and between two module hooks nothing
+    lowers a local peak (only the pre hooks reset one) or adds an active module (ModTracker adds one
+    to ``parents`` just before calling a pre hook; leaving only narrows the update), so an update of
+    the same state whose totals are none above the last's would change nothing. More than half of a
+    step's updates (an operator that returns a view or frees as much as it allocates)."""
 
     _stats_by_fqn: dict[str, list[Any]] | None = None
+    # (peak state, per-device totals) of the last update; None after a hook may have changed a peak
+    _last_update: tuple[Any, dict[torch.device, int]] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Upstream's ``_update_snap``, its one reader, makes ``dict.fromkeys(self._ref_class, 0)`` for
+        # every tracked storage; iterating the enum class each time was a tenth of the peak step. Its
+        # members as a tuple give the same dict (an Enum iterates its members in definition order).
+        self._ref_class = tuple(_MemRefType)
 
     def _pre_fw_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        self._last_update = None
         known = self.memory_tracking.get(module)
         name = None if known is None else known.mod_fqn
         super()._pre_fw_hook(module, inputs)
         if known is None or self.memory_tracking[module].mod_fqn != name:
             self._stats_by_fqn = None
+
+    def _pre_bw_hook(self, module: torch.nn.Module, args: Any) -> None:
+        self._last_update = None
+        super()._pre_bw_hook(module, args)
 
     def get_tracker_snapshot(self, type: str = "current") -> dict[torch.device, dict[str, int]]:
         # Upstream deep-copies the {device: {category: bytes}} snapshot, and every module hook takes
@@ -162,7 +202,7 @@ class _IndexedMemTracker(_MemTracker):
         snapshots = {"current": self._curr_mem_snap, "peak": self._peak_mem_snap}
         if type not in snapshots:
             return super().get_tracker_snapshot(type)
-        return {device: dict(snapshot) for device, snapshot in snapshots[type].items()}
+        return _Snapshot({device: dict(snapshot) for device, snapshot in snapshots[type].items()})
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         # Upstream's steps, in its order; only the tracking of the outputs differs (see above).
@@ -191,11 +231,24 @@ class _IndexedMemTracker(_MemTracker):
         return result
 
     def _update_peak_stats(self, peak_state: Any) -> None:
+        current = self._curr_mem_snap
+        last = self._last_update
+        if (
+            last is not None
+            and last[0] == peak_state
+            and all(
+                snapshot[_TOTAL] <= last[1].get(device, -1) for device, snapshot in current.items()
+            )
+        ):
+            return
+        self._last_update = (
+            peak_state,
+            {device: snapshot[_TOTAL] for device, snapshot in current.items()},
+        )
         if self._stats_by_fqn is None:
             self._stats_by_fqn = {}
             for stats in self.memory_tracking.values():
                 self._stats_by_fqn.setdefault(stats.mod_fqn, []).append(stats)
-        current = self._curr_mem_snap
         for name in self._mod_tracker.parents:
             for stats in self._stats_by_fqn.get(name, ()):
                 if peak_state not in stats.snapshots:
@@ -212,9 +265,15 @@ class _IndexedMemTracker(_MemTracker):
 
 @cache
 def _memtracker_is_reviewed() -> bool:
+    if inspect.getsource(mem_tracker).count("_ref_class") != 2:  # set in __init__, read once
+        return False
     return all(
-        source_digest(getattr(MemTracker, method)) == digest
-        for method, digest in _REVIEWED_MEMTRACKER.items()
+        source_digest(getattr(tracker, method)) == digest
+        for tracker, reviewed in (
+            (MemTracker, _REVIEWED_MEMTRACKER),
+            (ModTracker, _REVIEWED_MODTRACKER),
+        )
+        for method, digest in reviewed.items()
     )
 
 

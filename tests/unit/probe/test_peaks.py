@@ -71,7 +71,7 @@ def test_per_module_peaks_name_every_layer_and_its_parts(measured):
 
 def _tracked_step(tracker_class: type, row: str) -> tuple[dict, dict, dict]:
     """Forward + backward of a fresh dense-tiny ``row`` under ``tracker_class``: every module's
-    snapshots by name, and the tracker's own peak and current snapshots."""
+    snapshots and local peak by name, and the tracker's own peak and current snapshots."""
     init_cpu_parallel_state()
     model = build_model("dense-tiny", RecomputeFields.parse(row))
     batch = model.batch()
@@ -80,7 +80,7 @@ def _tracked_step(tracker_class: type, row: str) -> tuple[dict, dict, dict]:
     with tracker:
         model.loss(batch).backward()
         peak, current = tracker.get_tracker_snapshot("peak"), tracker.get_tracker_snapshot()
-    modules = {s.mod_fqn: s.snapshots for s in tracker.memory_tracking.values()}
+    modules = {s.mod_fqn: (s.snapshots, s.local_peak) for s in tracker.memory_tracking.values()}
     return modules, peak, current
 
 
