@@ -18,16 +18,26 @@ other step is upstream's, in upstream's order, so it returns and counts exactly 
 Its module tracker stays: its backward hooks add ``aten.view`` operators inside replayed modules, which
 the goldens' replay figures include (docs/history.md). Any other torch gets ``FlopCounterMode`` as it
 is: slower, never different.
+
+``counting_flops_and(observer)`` is how a backward is counted: the FLOP counter and an operator
+counter (the replay counter, ``harness.probe.measure.ReplayCounter``) entered above it. On the
+reviewed torch the two share the counter's one dispatch, the observer's ``count`` called there with
+the arguments and result it would have seen as the mode above (the operator as it arrives, before
+any decomposition); a Python dispatch per operator less, a sixth of a counted backward. Elsewhere
+both are entered as modes, as before.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.utils.flop_counter as upstream
 from torch._C import DispatchKey
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from harness.cpu.adapter import source_digest
@@ -71,14 +81,24 @@ def _declined() -> frozenset[Any]:
 _COMPOSITE = DispatchKey.CompositeImplicitAutograd
 
 
+class OperatorCounter(Protocol):
+    """A dispatch mode that counts operators by ``count(args, kwargs, out)`` (the replay counter)."""
+
+    def count(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None: ...
+
+
 class _DecomposingOnlyCompositesMode(_UpstreamDispatch):
     """``_FlopCounterMode`` that enters itself to decompose only an operator ``decompose`` would
-    decompose; what it returns and counts is upstream's (see the module's docstring)."""
+    decompose; what it returns and counts is upstream's (see the module's docstring). With an
+    ``observer``, each operator that reaches it from above (not one its decomposition issues) is
+    also handed to ``observer.count``."""
 
-    def __init__(self, counter: FlopCounterMode) -> None:
+    def __init__(self, counter: FlopCounterMode, observer: OperatorCounter | None = None) -> None:
         super().__init__(counter)
         self._declined = _declined()
         self._composite: dict[Any, bool] = {}
+        self._observer = observer
+        self._decomposing = 0  # operators issued by a decomposition in progress: not the observer's
 
     def _decomposes(self, func: Any) -> bool:
         known = self._composite.get(func)
@@ -100,20 +120,33 @@ class _DecomposingOnlyCompositesMode(_UpstreamDispatch):
             and func is not torch.ops.prim.device.default
             and self._decomposes(func)
         ):
-            with self:
-                decomposed = func.decompose(*args, **kwargs)
-                if decomposed is not NotImplemented:
-                    return decomposed
+            self._decomposing += 1
+            try:
+                with self:
+                    decomposed = func.decompose(*args, **kwargs)
+            finally:
+                self._decomposing -= 1
+            if decomposed is not NotImplemented:
+                return self._observed(args, kwargs, decomposed)
         out = func(*args, **kwargs)
-        return self.counter._count_flops(func._overloadpacket, out, args, kwargs)
+        return self._observed(
+            args, kwargs, self.counter._count_flops(func._overloadpacket, out, args, kwargs)
+        )
+
+    def _observed(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        if self._observer is not None and not self._decomposing:
+            self._observer.count(args, kwargs, out)
+        return out
 
 
 class _CheapFlopCounterMode(FlopCounterMode):
+    observer: OperatorCounter | None = None  # handed every operator by the dispatch (see above)
+
     def __enter__(self):
         # Upstream's __enter__ with the cheaper dispatch mode.
         self.flop_counts.clear()
         self.mod_tracker.__enter__()
-        self.mode = _DecomposingOnlyCompositesMode(self)
+        self.mode = _DecomposingOnlyCompositesMode(self, self.observer)
         self.mode.__enter__()
         return self
 
@@ -139,3 +172,18 @@ def flop_counter() -> FlopCounterMode:
         if _flop_counter_is_reviewed()
         else FlopCounterMode(display=False)
     )
+
+
+@contextlib.contextmanager
+def counting_flops_and(observer: TorchDispatchMode) -> Iterator[FlopCounterMode]:
+    """A fresh FLOP counter with ``observer`` (a dispatch mode with ``count``, such as the replay
+    counter) above it, for what runs inside: one shared dispatch on the reviewed torch, two modes
+    elsewhere; the same counts either way (see the module's docstring)."""
+    counter = flop_counter()
+    if isinstance(counter, _CheapFlopCounterMode):
+        counter.observer = observer
+        with counter:
+            yield counter
+    else:
+        with counter, observer:
+            yield counter

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten
 from harness.cpu.adapter import reseed
 from harness.models import TinyModel
 from harness.probe.carried import Carried, measure_carried
-from harness.probe.flops import flop_counter
+from harness.probe.flops import counting_flops_and
 from harness.probe.peaks import StepPeaks, measure_step_peaks
 
 
@@ -146,15 +146,19 @@ class ReplayCounter(TorchDispatchMode):
     def replayed(self) -> bool:
         return torch.is_grad_enabled()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+    def count(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Count one operator (its arguments and result) if it is replayed."""
         if self.replayed():
             tensors = [
                 t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)
             ]
             self.bytes += sum(t.numel() * t.element_size() for t in tensors)
             self.ops += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.count(args, kwargs, out)
         return out
 
 
@@ -191,7 +195,8 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
 
     loss, retained_bytes, attribution = retained_by_forward(module, lambda: model.loss(batch))
     seed_grad = torch.ones_like(loss)  # made here, so the replay counter sees backward's ops only
-    with flop_counter() as flops, ReplayCounter() as replay:
+    replay = ReplayCounter()
+    with counting_flops_and(replay) as flops:
         loss.backward(seed_grad)
     grads = _grads(module)
 

@@ -54,7 +54,7 @@ from harness.config.validate import (
 from harness.cpu.adapter import cuda_allocations_on_cpu, init_cpu_parallel_state, reseed
 from harness.errors import UsageError
 from harness.models import StyleModel, TinyModel, build_model, buildable_model
-from harness.probe.flops import flop_counter
+from harness.probe.flops import counting_flops_and, flop_counter
 from harness.probe.measure import (
     ReplayCounter,
     SavedTensors,
@@ -227,7 +227,8 @@ def stage_step(built: TinyModel, *, seed: int, instrument: bool = True) -> Stage
         if not instrument:
             stored = step()
         else:
-            with flop_counter() as step_flops, EngineReplayCounter() as replay:
+            replay = EngineReplayCounter()
+            with counting_flops_and(replay) as step_flops:
                 stored = step()
     grads = {
         name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None

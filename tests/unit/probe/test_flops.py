@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
@@ -13,9 +16,13 @@ from harness.probe import flops
 from harness.probe.measure import ReplayCounter
 
 
-def _backward(model_name: str, row: str, counter: FlopCounterMode) -> tuple[dict, int, int]:
+def _backward(
+    model_name: str,
+    row: str,
+    counting: Callable[[ReplayCounter], contextlib.AbstractContextManager[FlopCounterMode]],
+) -> tuple[dict, int, int]:
     """Per-module FLOP counts, replayed bytes and operators of the second backward of a fresh model
-    (as in a probe, what a first step builds once is built by then)."""
+    (as in a probe, what a first step builds once is built by then), counted by ``counting``."""
     init_cpu_parallel_state()
     model = build_model(model_name, RecomputeFields.parse(row))
     batch = model.batch()
@@ -24,22 +31,44 @@ def _backward(model_name: str, row: str, counter: FlopCounterMode) -> tuple[dict
     reseed(1234)
     loss = model.loss(batch)
     seed_grad = torch.ones_like(loss)
-    with counter, ReplayCounter() as replay:
+    replay = ReplayCounter()
+    with counting(replay) as counter:
         loss.backward(seed_grad)
     return counter.get_flop_counts(), replay.bytes, replay.ops
 
 
-@pytest.mark.parametrize(
-    ("model_name", "row"),
-    [("dense-tiny", "full-uniform-1"), ("dense-tiny", "core_attn"), ("moonlight-tiny", "moe")],
-)
+def _two_modes(
+    counter: FlopCounterMode,
+) -> Callable[[ReplayCounter], contextlib.AbstractContextManager[FlopCounterMode]]:
+    """``counter`` with the replay counter entered above it as a mode of its own."""
+
+    @contextlib.contextmanager
+    def counting(replay: ReplayCounter) -> Iterator[FlopCounterMode]:
+        with counter, replay:
+            yield counter
+
+    return counting
+
+
+ROWS = [("dense-tiny", "full-uniform-1"), ("dense-tiny", "core_attn"), ("moonlight-tiny", "moe")]
+
+
+@pytest.mark.parametrize(("model_name", "row"), ROWS)
 def test_the_cheaper_counter_counts_and_replays_exactly_what_flopcountermode_does(model_name, row):
     cheaper = flops.flop_counter()
     assert type(cheaper) is flops._CheapFlopCounterMode  # torch 2.14.1: the reviewed code
-    upstream = _backward(model_name, row, FlopCounterMode(display=False))
-    counted = _backward(model_name, row, cheaper)
+    upstream = _backward(model_name, row, _two_modes(FlopCounterMode(display=False)))
+    counted = _backward(model_name, row, _two_modes(cheaper))
     assert counted == upstream
     assert sum(upstream[0]["Global"].values()) > 0 and upstream[2] > 0  # it counted and replayed
+
+
+# What the probe runs: the replay counter handed each operator by the FLOP counter's own dispatch.
+@pytest.mark.parametrize(("model_name", "row"), ROWS)
+def test_one_shared_dispatch_counts_and_replays_exactly_what_two_modes_do(model_name, row):
+    upstream = _backward(model_name, row, _two_modes(FlopCounterMode(display=False)))
+    shared = _backward(model_name, row, flops.counting_flops_and)
+    assert shared == upstream and upstream[2] > 0
 
 
 def test_an_operator_with_a_composite_kernel_is_decomposed_and_counted_as_upstream_does():
@@ -56,6 +85,24 @@ def test_an_operator_with_a_composite_kernel_is_decomposed_and_counted_as_upstre
         assert torch.equal(out, x @ w.T) and declined is NotImplemented
         counts.append(counter.get_total_flops())
     assert counts[0] == counts[1] == 2 * 4 * 8 * 16
+
+
+def test_an_observer_sees_a_decomposed_operator_once_as_it_arrived():
+    # As the replay counter above the counter's mode saw it: aten.linear with its arguments and
+    # result, not the matmul its decomposition issues; a declined query is not seen.
+    x, w = torch.randn(4, 8), torch.randn(16, 8)
+    seen = []
+
+    class Observer:
+        def count(self, args, kwargs, out):
+            seen.append((args, out))
+
+    counter = FlopCounterMode(display=False)
+    mode = flops._DecomposingOnlyCompositesMode(counter, Observer())
+    out = mode.__torch_dispatch__(torch.ops.aten.linear.default, (), (x, w))
+    assert mode.__torch_dispatch__(torch.ops.aten.dim.default, (), (x,)) is NotImplemented
+    ((args, observed),) = seen
+    assert args == (x, w) and observed is out and counter.get_total_flops() == 2 * 4 * 8 * 16
 
 
 @pytest.mark.parametrize("changed", ["OpOverload.decompose", "_FlopCounterMode.__torch_dispatch__"])
