@@ -82,6 +82,10 @@ _OPAQUE = (
 )
 
 
+# Values that hold nothing: never queued by a walk.
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
 @dataclass(frozen=True)
 class CarriedTensor:
     holder: str  # e.g. "decoder.layers.1.mlp.token_dispatcher.local_probs -> graph leaf .grad"
@@ -147,7 +151,13 @@ class _Reach:
                 if isinstance(obj, torch.Tensor):
                     self._tensor(obj, where, module)
                 elif depth < _MAX_DEPTH:
-                    following += [(where + name, child) for name, child in _children(obj)]
+                    following += [
+                        (where + name, child)
+                        for name, child in _children(obj)
+                        if not isinstance(child, _SCALARS)
+                    ]
+            if not following:
+                break
             level = following
 
     def _tensor(self, tensor: torch.Tensor, where: str, module: str) -> None:
