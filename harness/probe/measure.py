@@ -176,13 +176,16 @@ def no_automatic_gc() -> Iterator[None]:
             gc.enable()
 
 
-def measure(model: TinyModel, *, seed: int = 1234, instrument: bool = True) -> Measurement:
-    """Run forward + backward once from a reset RNG; with ``instrument`` False only loss and grads."""
+def measure(
+    model: TinyModel, *, seed: int = 1234, instrument: bool = True, later_steps: bool = True
+) -> Measurement:
+    """Run forward + backward once from a reset RNG; with ``instrument`` False only loss and grads;
+    with ``later_steps`` False no second and third step (no carried bytes, no step peaks)."""
     with no_automatic_gc():
-        return _measure(model, seed=seed, instrument=instrument)
+        return _measure(model, seed=seed, instrument=instrument, later_steps=later_steps)
 
 
-def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
+def _measure(model: TinyModel, *, seed: int, instrument: bool, later_steps: bool) -> Measurement:
     module = model.module
     module.train()
     module.zero_grad(set_to_none=True)
@@ -199,6 +202,16 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool) -> Measurement:
     with counting_flops_and(replay) as flops:
         loss.backward(seed_grad)
     grads = _grads(module)
+    if not later_steps:
+        return Measurement(
+            loss.detach(),
+            grads,
+            retained_bytes,
+            attribution,
+            int(flops.get_total_flops()),
+            replay.bytes,
+            replay.ops,
+        )
 
     def second_step() -> None:
         module.zero_grad(set_to_none=True)

@@ -171,7 +171,8 @@ class ModelProbe:
 
 @dataclass
 class Baseline:
-    """The ``[]`` control of one model: its weights (shared by every row) and measurements."""
+    """The ``[]`` control of one model: its weights (shared by every row), and the first step's loss,
+    gradients and counts (dropout off) and loss and gradients (dropout on) every row is compared with."""
 
     state: dict[str, Any]
     fp32: Measurement
@@ -200,7 +201,10 @@ def baseline(
     state = (
         control.module.state_dict()
     )  # never trained: forward + backward leave the weights as built
-    fp32 = measure(control, seed=seed)
+    # What every row is compared with: its first step, instrumented as a row's is (on the head an
+    # uninstrumented step differed in 12 values of dense-tiny: with no dispatch mode active, Megatron
+    # Core's torch.compile'd helpers run compiled). Carried bytes and step peaks are the [] row's.
+    fp32 = measure(control, seed=seed, later_steps=False)
     with_dropout = _build(model, CONTROL, dropout=True, add_bias_linear=add_bias_linear, **sizes)
     with_dropout.module.load_state_dict(state)
     return Baseline(state, fp32, measure(with_dropout, seed=seed, instrument=False))
@@ -256,51 +260,30 @@ def measure_row(
             fields=row.fields,
             add_bias_linear=row.add_bias_linear,
         )
+    if result.carried is None or result.peaks is None:
+        raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     with_dropout = _build(
         model, row.fields, dropout=True, add_bias_linear=row.add_bias_linear, **sizes
     )
     with_dropout.module.load_state_dict(base.state)
     dropout = measure(with_dropout, seed=seed, instrument=False)
-    missing_te = te_only_labels_missing(
-        row.fields.modules or (), built.module, transformer_engine_available()
-    )
-    te_reason = requires_te_reason(missing_te, built.module) if missing_te else ""
-    return _classified(row, result, dropout, base, requires_te=te_reason)
 
-
-def control_row(base: Baseline) -> ProbeRowResult:
-    """The ``[]`` row from the baseline's own measurements: measuring a second build of the same
-    control with the same weights from the same seed repeated them (every golden's ``[]`` row, every
-    revision and back end: the same values), at the cost of a whole row."""
-    return _classified(ProbeRow(CONTROL), base.fp32, base.dropout, base)
-
-
-def _classified(
-    row: ProbeRow,
-    result: Measurement,
-    dropout: Measurement,
-    base: Baseline,
-    *,
-    requires_te: str = "",
-) -> ProbeRowResult:
-    """A measured row's result: its values, and its status against the control's (``requires_te``:
-    why its labels do nothing without Transformer Engine, where they do)."""
-    if result.carried is None or result.peaks is None:
-        raise RuntimeError("an instrumented measurement has carried bytes and step peaks")
     equivalence = compare_numerics(result.loss, result.grads, base.fp32.loss, base.fp32.grads)
     counts = (result.retained_bytes, result.backward_flops, result.replay_bytes)
     control_counts = (base.fp32.retained_bytes, base.fp32.backward_flops, base.fp32.replay_bytes)
+    labels = row.fields.modules or ()
+    missing_te = te_only_labels_missing(labels, built.module, transformer_engine_available())
     if row.fields == CONTROL:
         status, reason = CONTROL_STATUS, ""
-    elif requires_te:
-        status, reason = REQUIRES_TE, requires_te
+    elif missing_te:
+        status, reason = REQUIRES_TE, requires_te_reason(missing_te, built.module)
     elif counts == control_counts:
         status, reason = (
             INACTIVE,
             "accepted, but retained bytes, backward FLOPs and replayed bytes equal []",
         )
     else:
-        status, reason = EFFECTIVE, sum_order_reason(row.fields.modules or (), equivalence)
+        status, reason = EFFECTIVE, sum_order_reason(labels, equivalence)
     return ProbeRowResult(
         row.label,
         status,
@@ -466,10 +449,7 @@ def _probe_in_process(
         ]
     else:
         results = [
-            control_row(base)
-            if row == ProbeRow(CONTROL)
-            else _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup)
-            for row in rows
+            _measure_or_error(style, row, base, seed, sizes, row_timeout_s, cleanup) for row in rows
         ]
     return ModelProbe(
         style.name,
