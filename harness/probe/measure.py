@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import weakref
 from collections import defaultdict
@@ -201,17 +202,17 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool, later_steps: bool
     replay = ReplayCounter()
     with counting_flops_and(replay) as flops:
         loss.backward(seed_grad)
-    grads = _grads(module)
+    first_step = Measurement(
+        loss.detach(),
+        _grads(module),
+        retained_bytes,
+        attribution,
+        int(flops.get_total_flops()),
+        replay.bytes,
+        replay.ops,
+    )
     if not later_steps:
-        return Measurement(
-            loss.detach(),
-            grads,
-            retained_bytes,
-            attribution,
-            int(flops.get_total_flops()),
-            replay.bytes,
-            replay.ops,
-        )
+        return first_step
 
     def second_step() -> None:
         module.zero_grad(set_to_none=True)
@@ -221,17 +222,7 @@ def _measure(model: TinyModel, *, seed: int, instrument: bool, later_steps: bool
     carried = measure_carried(module, second_step, list(batch.values()))
     # After two steps, so what the first step builds once (rotary caches) is not in any phase's peak.
     peaks = measure_step_peaks(model, seed=seed)
-    return Measurement(
-        loss.detach(),
-        grads,
-        retained_bytes,
-        attribution,
-        int(flops.get_total_flops()),
-        replay.bytes,
-        replay.ops,
-        carried,
-        peaks,
-    )
+    return dataclasses.replace(first_step, carried=carried, peaks=peaks)
 
 
 def retained_by_forward(
