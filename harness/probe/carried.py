@@ -58,6 +58,8 @@ _frozen_across_rows = (
 _SETTLE_S, _SETTLE_POLL_S = 2.0, 0.002
 _MAX_DEPTH = 4  # attribute / container nesting followed from a root; Megatron's holders sit at 1-3
 _GLOBAL_PREFIX = "megatron."
+# Values that hold nothing: never queued by a walk.
+_SCALARS = (str, bytes, int, float, bool, type(None))
 # Objects whose attributes are code or configuration, not state a step writes. Loggers reach every
 # logger of the process (their manager), and Triton kernels their source and compiled cache: most of
 # what a walk from Megatron Core's globals visited, and never a tensor.
@@ -73,17 +75,8 @@ _OPAQUE = (
     torch.dtype,
     torch.device,
     *((KernelInterface,) if KernelInterface is not None else ()),
-    str,
-    bytes,
-    int,
-    float,
-    bool,
-    type(None),
+    *_SCALARS,
 )
-
-
-# Values that hold nothing: never queued by a walk.
-_SCALARS = (str, bytes, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
