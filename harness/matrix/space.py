@@ -57,7 +57,7 @@ RARE_CHANCE = 0.1
 
 _MOE = {"num_moe_experts": 4, "add_bias_linear": False}
 # The smallest Gated DeltaNet mix the validator accepts (GDN, then standard attention); the probe's
-# gdn-tiny is built on it too (harness/models.py). Fewer key than value heads: MCore repeats q and k
+# gdn-tiny is built on it too (harness/models/gdn.py). Fewer key than value heads: MCore repeats q and k
 # per value head, as in Qwen3-Next.
 GATED_DELTA_NET: dict[str, Any] = {
     "experimental_attention_variant": "gated_delta_net",

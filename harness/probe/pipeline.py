@@ -85,7 +85,7 @@ def check_pipelinable(style: StyleModel, pp: int) -> None:
     check_rank_count("--pipeline-parallel", pp, "stage")
     if style.hybrid_pattern:
         raise UsageError(
-            f"{where}: a hybrid model's stack is built whole here (harness/models.py); the pipeline "
+            f"{where}: a hybrid model's stack is built whole here (harness/models/hybrid.py); the pipeline "
             "probe builds GPT models"
         )
     if style.config_kwargs.get("mtp_num_layers"):

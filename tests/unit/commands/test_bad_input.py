@@ -169,7 +169,7 @@ def test_a_closed_stdout_is_not_an_error(tmp_path):
         (["--model", "nemotron-h-tiny", "--pipeline-parallel", "2"], "hybrid model"),
         (["--all", "--pipeline-parallel", "2"], "drop --all"),
         (["--model", "dense-deep", "--pipeline-parallel", "2", "--modules", "core_attn"], "drop"),
-        # nemotron-tiny has 2 query groups (harness/models.py): a TP 4 group cannot split them.
+        # nemotron-tiny has 2 query groups (harness/models/moe.py): a TP 4 group cannot split them.
         (["--model", "nemotron-tiny", "--tensor-parallel", "4"], "num_query_groups 2 does not"),
         # dense-tiny's 4 attention heads over 8 ranks.
         (["--model", "dense-tiny", "--tensor-parallel", "8"], "num_attention_heads 4 does not"),
