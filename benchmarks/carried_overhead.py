@@ -2,7 +2,7 @@
 
 Run: ./venv-run python benchmarks/carried_overhead.py [--repeats N]
 Runs every in-process row of the three style models with the carried-memory measurement
-(harness.probe.carried: a second step, a young-generation scan, the holder walk) and without it
+(harness.probe.measurement.carried: a second step, a young-generation scan, the holder walk) and without it
 (``measure_carried`` replaced by one returning nothing, so the second step is not run), alternating,
 in one process (imports and the gloo group paid once). The isolated deadlock row is left out: it runs
 in parallel under a fixed timeout and would only dilute the figure. Prints both wall times, the
@@ -16,8 +16,8 @@ import os
 import time
 
 from harness.models import buildable_models
-from harness.probe import measure
-from harness.probe.carried import Carried
+from harness.probe.measurement import measure
+from harness.probe.measurement.carried import Carried
 from harness.probe.runner import probe_models
 
 TARGET = 0.20

@@ -18,9 +18,9 @@ import time
 START = time.monotonic()
 
 from harness.models import buildable_models
-from harness.probe.passes import probe_passes
 from harness.probe.plan import PRECISIONS
-from harness.probe.table import probe_table
+from harness.probe.present.table import probe_table
+from harness.probe.workers.passes import probe_passes
 from harness.processes import usable_cores
 
 TARGET_S = 90.0

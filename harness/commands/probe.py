@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from harness.commands.options import add_golden_dir, add_jobs, require_jobs
 from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S
 from harness.probe.plan import PRECISIONS, parse_label_sets
+from harness.probe.workers.isolate import DEFAULT_HANG_TIMEOUT_S
 
 if TYPE_CHECKING:  # the runner imports torch and Megatron Core, which run() defers
     from harness.probe.runner import ModelProbe
@@ -148,8 +148,8 @@ def _layout_option(args: argparse.Namespace) -> str | None:
 
 def _layout_probes(args: argparse.Namespace, model: str, precision: str) -> list[ModelProbe]:
     """``model``'s probes on the layout given: one per pipeline stage, or the TP ranks' agreed one."""
-    from harness.probe.pipeline import probe_pipeline
-    from harness.probe.tensor_parallel import probe_tensor_parallel
+    from harness.probe.layouts.pipeline import probe_pipeline
+    from harness.probe.layouts.tensor_parallel import probe_tensor_parallel
 
     options = {"precision": precision, "attention_backend": args.attention_backend}
     if args.pipeline_parallel is not None:
@@ -171,11 +171,10 @@ def run(args: argparse.Namespace) -> int:
         not_on_this_tree,
         not_probed_lines,
     )
-    from harness.probe.axes import coverage
-    from harness.probe.passes import probe_passes
-    from harness.probe.pipeline import check_pipelinable
-    from harness.probe.runner import probe_errors
-    from harness.probe.table import (
+    from harness.probe.layouts.pipeline import check_pipelinable
+    from harness.probe.layouts.tensor_parallel import check_tensor_parallel
+    from harness.probe.present.axes import coverage
+    from harness.probe.present.table import (
         attribution_table,
         carried_table,
         coverage_table,
@@ -185,7 +184,8 @@ def run(args: argparse.Namespace) -> int:
         probe_table,
         unmeasured_table,
     )
-    from harness.probe.tensor_parallel import check_tensor_parallel
+    from harness.probe.runner import probe_errors
+    from harness.probe.workers.passes import probe_passes
 
     if _layout_option(args) is not None:
         # Before the adapter's self-check and any golden directory is touched: nothing is written.

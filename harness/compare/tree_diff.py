@@ -1,6 +1,6 @@
 """``recompute-harness diff A B``: what recompute does differently in two Megatron Core trees.
 
-Each side is probed in its own child process (``harness.probe.tree_side``) with its tree first on
+Each side is probed in its own child process (``harness.probe.workers.tree_side``) with its tree first on
 ``PYTHONPATH``; both run at once. The report names labels added / removed, validator rules that
 appeared / vanished (a rule "can fire" on a tree when one of its source strings can say the rule's
 message: ``harness.matrix.drift.dead_rules``), and per model and label every probe value that changed.
@@ -93,7 +93,7 @@ def _start(tree: Path, attention_backend: str, models: list[str]) -> _Side:
         [
             sys.executable,
             "-m",
-            "harness.probe.tree_side",
+            "harness.probe.workers.tree_side",
             "--attention-backend",
             attention_backend,
             *(word for model in models for word in ("--model", model)),

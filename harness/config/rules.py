@@ -1009,7 +1009,7 @@ LABEL_FACTS: dict[str, LabelFacts] = {
     # x.pow(2): b). Without recompute autograd adds them in arrival order, (r + a) + b. Under
     # CheckpointWithoutOutput the nested ``torch.autograd.backward`` sums a + b first and returns one
     # gradient, so the sum is r + (a + b): fp32 rounding differs. A control whose norms only sit behind
-    # a nested backward (no recompute) matches the row bit for bit: tests/unit/probe/test_status.py.
+    # a nested backward (no recompute) matches the row bit for bit: tests/unit/probe/measurement/test_status.py.
     "layernorm": LabelFacts(
         sum_order=(
             "fp32 sum order only: CheckpointWithoutOutput's nested backward pre-sums the norm-input gradient, "

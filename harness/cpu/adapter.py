@@ -63,7 +63,7 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
 8. Tensors allocated on ``device="cuda"`` by name, inside ``cuda_allocations_on_cpu()`` only: the
    1F1B pipeline schedule (``forward_backward_pipelining_without_interleaving``) counts the step's
    tokens in ``torch.zeros([], device="cuda")``, which a CPU-only torch refuses. A torch-function mode
-   entered around the schedule call (the pipeline probe's, ``harness.probe.pipeline``) puts factory
+   entered around the schedule call (the pipeline probe's, ``harness.probe.layouts.pipeline``) puts factory
    calls that name a CUDA device on the CPU instead, as part 1 answers ``current_device()`` with
    ``"cpu"``. It replaces no object: the schedule, its p2p communication and every recompute path run
    unmodified, and outside that call nothing changes.

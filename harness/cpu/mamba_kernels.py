@@ -19,7 +19,7 @@ autograd function saves (the same tensors, shapes and dtypes, ``None`` where it 
 what the probe measures as retained is what a GPU run retains. Its backward recomputes the
 intermediates it needs from those alone, as the GPU backward kernels recompute the convolution and
 the chunk states, and derives the gradients explicitly with grad mode off: a backward that re-ran
-autograd would run with grad mode on, which the probe counts as replay (harness.probe.measure),
+autograd would run with grad mode on, which the probe counts as replay (harness.probe.measurement.measure),
 and replay is what Megatron Core's checkpoints do, not what a kernel does. No intermediate of the
 forward outlives it. The math is the kernels' (fp32 inside, outputs in the input dtype), written
 from the Mamba-2 paper's SSD formulation (Dao & Gu, 2024): per chunk, the quadratic masked form

@@ -33,7 +33,7 @@ from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.estimate.fit import extrapolate, quadratic_coefficient
-from harness.probe.status import (
+from harness.probe.measurement.status import (
     CONTROL_STATUS,
     EFFECTIVE,
     INACTIVE,
@@ -47,7 +47,7 @@ from harness.run.recipes import Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
 WORKER_TIMEOUT_S = 600.0
-UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.status), plus this one
+UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.measurement.status), plus this one
 # recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
 # resolve to fused or flash attention on Hopper; both keep q, k, v, output and softmax statistics).
 ATTENTION_FOR_RECIPE = {

@@ -12,7 +12,7 @@ sharded width is MCore's. Its input is the ``[s/tp, b, h]`` hidden state a previ
 (counted: in a stack it is the previous layer's output, saved by this layer's input norm).
 
 Retained bytes are what autograd still holds when the layer's forward returns
-(``harness.probe.measure.retained_by_forward``), attributed to the innermost module that saved them.
+(``harness.probe.measurement.measure.retained_by_forward``), attributed to the innermost module that saved them.
 The causal mask is excluded: a model builds it once and every layer shares it.
 
 Weights: the first row's layer draws them (MCore's init is skipped: ``perform_initialization`` off,
@@ -37,8 +37,8 @@ from harness.models import (
     set_core_attention,
     transformer_config,
 )
-from harness.probe.measure import retained_by_forward
-from harness.probe.peaks import live_activation_bytes, memory_tracker
+from harness.probe.measurement.measure import retained_by_forward
+from harness.probe.measurement.peaks import live_activation_bytes, memory_tracker
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # A hybrid layer kind -> its field of MCore's HybridStackSubmodules.

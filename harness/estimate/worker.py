@@ -58,7 +58,7 @@ def measure_kinds(
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
     from harness.cpu.adapter import transformer_engine_available
     from harness.estimate.layers import build_layer, measure_layer, measure_layer_peaks
-    from harness.probe.status import requires_te_reason, te_only_labels_missing
+    from harness.probe.measurement.status import requires_te_reason, te_only_labels_missing
 
     result: dict[str, Any] = {"kinds": {}, "rejected": {}, "requires_te": {}, "peaks": {}}
     for kind in arch.kinds:

@@ -22,9 +22,9 @@ from harness.golden.labels import manifest_verdict, write_manifest
 from harness.golden.probe import adapter_drift_lines, golden_step, refuse_unpinnable
 from harness.matrix.drift import RULES_FILE, SPACE_FILE, drift_report
 from harness.models import buildable_models, not_probed_lines
-from harness.probe.passes import probe_passes
 from harness.probe.plan import PRECISIONS
-from harness.probe.table import probe_table, unmeasured_table
+from harness.probe.present.table import probe_table, unmeasured_table
+from harness.probe.workers.passes import probe_passes
 
 
 @dataclass

@@ -88,7 +88,7 @@ class Golden:
     workload: dict[str, str | None] | None = field(
         default=None, metadata=rules(shape=WorkloadIdentity | None)
     )
-    # CPU probes: the accepted labels the model does not exercise, with why (harness.probe.coverage).
+    # CPU probes: the accepted labels the model does not exercise, with why (harness.probe.present.coverage).
     unmeasured: list[dict[str, Any]] | None = None
 
     @classmethod

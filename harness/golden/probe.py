@@ -30,10 +30,10 @@ from harness.golden.store import (
     writable,
     write_golden,
 )
-from harness.probe.coverage import describe_unmeasured, unmeasured_entries
-from harness.probe.peaks import PHASES
+from harness.probe.measurement.peaks import PHASES
+from harness.probe.measurement.status import ERROR, Equivalence
+from harness.probe.present.coverage import describe_unmeasured, unmeasured_entries
 from harness.probe.runner import ModelProbe, ProbeRowResult
-from harness.probe.status import ERROR, Equivalence
 from harness.record.build import (
     cpu_probe_metrics,
     hardware,

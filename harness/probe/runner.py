@@ -1,7 +1,7 @@
 """Probe style models: measure every planned row against the ``[]`` control and classify it.
 
 Rows run in this process on one gloo group (imports and the group are paid once); only rows that
-may hang run isolated (harness.probe.isolate), started before and collected after the others.
+may hang run isolated (harness.probe.workers.isolate), started before and collected after the others.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from harness.cpu.adapter import init_cpu_parallel_state, transformer_engine_avai
 from harness.cpu.deferred_compile import forget_compilations
 from harness.errors import EXIT_FAILED, UsageError
 from harness.models import StyleModel, build_model, style_model
-from harness.probe.carried import frozen_across_rows
-from harness.probe.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
-from harness.probe.measure import Measurement, measure
-from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
-from harness.probe.status import (
+from harness.probe.measurement.carried import frozen_across_rows
+from harness.probe.measurement.measure import Measurement, measure
+from harness.probe.measurement.status import (
     CONTROL_STATUS,
     EFFECTIVE,
     ERROR,
@@ -44,6 +42,8 @@ from harness.probe.status import (
     sum_order_reason,
     te_only_labels_missing,
 )
+from harness.probe.plan import CONTROL, PRECISIONS, ProbeRow, plan_rows
+from harness.probe.workers.isolate import DEFAULT_HANG_TIMEOUT_S, IsolatedProbe
 from harness.processes import exit_if_stopped
 
 DEFAULT_ROW_TIMEOUT_S = 120.0  # an in-process row takes well under a second
@@ -78,17 +78,17 @@ class ProbeRowResult(MeasuredRow):
     dropout_equivalence: Equivalence | None = None  # dropout on: equal only if the RNG replays
     attribution: dict[str, int] = field(default_factory=dict)
     carried_bytes: int | None = (
-        None  # what a second step leaves alive after backward (harness.probe.carried)
+        None  # what a second step leaves alive after backward (harness.probe.measurement.carried)
     )
     carried_attribution: dict[str, int] = field(default_factory=dict)
     carried_holders: list[dict[str, Any]] = field(
         default_factory=list
     )  # CarriedTensor fields, per storage
     # StepPeaks.as_dict(): per phase the breakdown at its peak and ``step_bytes``; per module the
-    # activation + temporary bytes at its own forward / backward peak (harness.probe.peaks)
+    # activation + temporary bytes at its own forward / backward peak (harness.probe.measurement.peaks)
     step_peaks: dict[str, Any] = field(default_factory=dict)
     # On a pipeline stage under 1F1B: the most autograd-saved bytes alive at once across the
-    # micro-batches in flight (harness.probe.pipeline); None on the single-stage probe
+    # micro-batches in flight (harness.probe.layouts.pipeline); None on the single-stage probe
     inflight_bytes: int | None = None
 
     def values(self) -> ProbeValues:
@@ -132,10 +132,10 @@ class ModelProbe:
     rows: list[ProbeRowResult]
     attention_backend: str = "unfused"  # harness.cpu.attention.ATTENTION_BACKENDS
     precision: str = "fp32"  # harness.probe.plan.PRECISIONS
-    # Pipeline-parallel size and this probe's stage (harness.probe.pipeline); 1 and 0: the whole model
+    # Pipeline-parallel size and this probe's stage (harness.probe.layouts.pipeline); 1 and 0: the whole model
     pipeline_parallel: int = 1
     stage: int = 0
-    # Tensor-parallel size, sequence parallel on when above 1 (harness.probe.tensor_parallel)
+    # Tensor-parallel size, sequence parallel on when above 1 (harness.probe.layouts.tensor_parallel)
     tensor_parallel: int = 1
 
     @property
@@ -159,7 +159,7 @@ class ModelProbe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelProbe:
-        """A probe from ``probe --json``'s form (``harness.probe.table.probe_json``, as a pipeline
+        """A probe from ``probe --json``'s form (``harness.probe.present.table.probe_json``, as a pipeline
         rank or a pass worker writes it): keys it derives, such as the unmeasured rows, are not
         fields and are dropped."""
         names = {item.name for item in dataclasses.fields(cls)} - {"rows"}
@@ -369,7 +369,7 @@ def probe_models(
     """Probe each model; rows that may hang run in parallel child processes under a timeout
     (``hang_probe=False`` leaves them out), every other row in this process under a watchdog.
     ``sequence_parallel``: the models are built with it (on a rank of a TP group,
-    harness.probe.tensor_parallel).
+    harness.probe.layouts.tensor_parallel).
 
     ``precision`` (harness.probe.plan.PRECISIONS) is the parameters' and activations' dtype. The
     deadlock row is probed in fp32 only: it is about ``CheckpointFunction``, not the dtype."""

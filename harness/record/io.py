@@ -155,7 +155,7 @@ def records_in(data: Any, source: str) -> list[Any]:
 
 
 def _is_probe_output(item: Any) -> bool:
-    """The shape ``probe --json`` prints (``harness.probe.table.probe_json``): a common mistake to name."""
+    """The shape ``probe --json`` prints (``harness.probe.present.table.probe_json``): a common mistake to name."""
     return (
         isinstance(item, dict)
         and "schema" not in item

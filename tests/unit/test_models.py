@@ -140,7 +140,7 @@ def test_nemotron_h_is_megatron_cores_hybrid_model_of_its_pattern(cpu_group):
 
 
 def test_nemotron_h_full_recompute_checkpoints_the_mamba_layers_bit_for_bit(cpu_group):
-    from harness.probe.measure import measure, retained_by_forward
+    from harness.probe.measurement.measure import measure, retained_by_forward
 
     control = build_model("nemotron-h-tiny", RecomputeFields.selective())
     full = build_model(

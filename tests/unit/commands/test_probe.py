@@ -58,7 +58,7 @@ def test_probe_prints_the_table(capsys):
 def test_probe_json(capsys, tmp_path):
     import json
 
-    # --jobs 1: in this process (the passes on workers: tests/unit/probe/test_passes.py, sweeps).
+    # --jobs 1: in this process (the passes on workers: tests/unit/probe/workers/test_passes.py, sweeps).
     argv = ["probe", "--model", "nemotron-tiny", "--modules", "mlp", "--json", "--jobs", "1"]
     assert main(argv) == 0
     out = capsys.readouterr().out

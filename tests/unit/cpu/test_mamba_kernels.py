@@ -260,7 +260,7 @@ class _GradModeOps(TorchDispatchMode):
 
 def test_backward_derives_gradients_without_replaying_under_autograd():
     # A kernel's backward is not a replay: it runs nothing with grad mode on (which the probe would
-    # count as MCore's replay, harness.probe.measure).
+    # count as MCore's replay, harness.probe.measurement.measure).
     zxbcdt = torch.randn(2, 20, 32 + 32 + 64 + 4, requires_grad=True)
     weight, bias = torch.randn(96, 4, requires_grad=True), torch.randn(96, requires_grad=True)
     dt_bias, A, D = torch.zeros(4), -torch.ones(4), torch.ones(4, requires_grad=True)

@@ -112,7 +112,7 @@ def test_fused_attention_keeps_no_score_matrix(parallel_state):
 def test_fused_attention_matches_unfused_numerics(parallel_state):
     """Same loss, gradients equal to fp32 rounding, on the MLA model (value zero-padding path)."""
     from harness.models import build_model
-    from harness.probe.measure import measure
+    from harness.probe.measurement.measure import measure
 
     results = {
         backend: measure(

@@ -20,7 +20,7 @@ from harness.estimate.model import ATTENTION, MAMBA, MLP, MOE, architecture, hyb
 from harness.estimate.worker import measure_kinds
 from harness.golden.store import estimate_dir, golden_root
 from harness.models import style_model
-from harness.probe.status import CONTROL_STATUS, EFFECTIVE, REQUIRES_TE
+from harness.probe.measurement.status import CONTROL_STATUS, EFFECTIVE, REQUIRES_TE
 from harness.run.recipes import load_recipe
 
 GOLDEN = sorted(estimate_dir(golden_root()).glob("nemotron-3-nano-full-16gpu__fused__*.json"))

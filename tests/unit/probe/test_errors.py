@@ -10,8 +10,8 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
 from harness.golden.probe import golden_step
 from harness.probe import runner
+from harness.probe.measurement.status import EFFECTIVE, ERROR, REJECTED
 from harness.probe.plan import ProbeRow
-from harness.probe.status import EFFECTIVE, ERROR, REJECTED
 
 
 @pytest.fixture

@@ -6,8 +6,8 @@ from __future__ import annotations
 from harness.config.fields import RecomputeFields
 from harness.cpu.adapter import init_cpu_parallel_state
 from harness.probe import runner
+from harness.probe.measurement.status import EFFECTIVE
 from harness.probe.plan import ProbeRow
-from harness.probe.status import EFFECTIVE
 
 
 def test_gdn_norm_out_is_effective_on_gdn_tiny():

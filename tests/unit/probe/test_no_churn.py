@@ -18,8 +18,8 @@ import pytest
 
 from harness.cpu.adapter import init_cpu_parallel_state
 from harness.golden.probe import write_probe_golden
-from harness.probe import measure as measure_module
 from harness.probe import runner
+from harness.probe.measurement import measure as measure_module
 from harness.probe.plan import CONTROL, ProbeRow
 from harness.probe.runner import probe_models
 

@@ -3,7 +3,7 @@ passes of models whose earlier pass took longest first, so no worker ends alone 
 
 from __future__ import annotations
 
-from harness.probe.passes import _next_pass
+from harness.probe.workers.passes import _next_pass
 
 
 def test_first_passes_in_order_then_the_longest_models_first():

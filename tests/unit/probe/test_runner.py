@@ -16,9 +16,14 @@ from harness.golden.probe import (
 )
 from harness.golden.store import golden_filename
 from harness.models import STYLE_MODELS, buildable_models
-from harness.probe.coverage import describe_unmeasured
+from harness.probe.present.coverage import describe_unmeasured
+from harness.probe.present.table import (
+    attribution_table,
+    carried_table,
+    grouped_attribution,
+    probe_table,
+)
 from harness.probe.runner import probe_models
-from harness.probe.table import attribution_table, carried_table, grouped_attribution, probe_table
 
 # Every test here reads one probe per style model (a module fixture, ~35 s of CPU): the whole plan of
 # dense-tiny (its golden judged here too), and of the others the rows the tests read (the main job,
