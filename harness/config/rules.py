@@ -1,6 +1,6 @@
 """The recompute compatibility matrix, as data.
 
-One ``Rule`` per constraint. Rules the TransformerConfig validator enforces carry a ``predicate``
+One ``Rule`` (``harness.config.rule``) per constraint. Rules the TransformerConfig validator enforces carry a ``predicate``
 (when it fires, over a ``ConfigView``) and a ``message`` pattern (how to recognize MCore's own
 message); they are listed in the order ``__post_init__`` checks them, because the first rule that
 fires is the one MCore reports; a rule with a ``rewrite`` mirrors a field ``__post_init__`` changes
@@ -9,111 +9,43 @@ and the validator's silent acceptances are documented here too, and are tested b
 (tests/unit/config/test_rules.py) instead of the differential check.
 
 Rule ids are stable: goldens, reports and ``validate --json`` name rules by id.
+
+The table alone lives here; the predicates it names are ``harness.config.predicates``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Iterable
 
-from harness.config.view import ConfigView
-
-RuleOutcome = Literal["accept", "reject", "warn", "silently-ignored", "hang"]
-
-VALIDATOR = "TransformerConfig validator"
-LAYER_BUILD = "layer build"
-RUNTIME = "runtime"
-BRIDGE = "Bridge comm-overlap check"
-
-SKILL = "SKILL.md Compatibility and Validation"
-MCORE_CONFIG = "MCore transformer_config.py __post_init__"
-MCORE_PARALLEL = "MCore model_parallel_config.py __post_init__"
-MCORE_RECOMPUTE = "MCore recompute.py checkpointed_forward"
-MCORE_LAYER = "MCore transformer_layer.py / moe_layer.py / mlp.py submodule build"
-
-UNCLASSIFIED = "mcore.unclassified"  # a rejection whose message no rule recognizes
-
-# Minimum Transformer Engine versions MCore demands (its own thresholds).
-TE_MIN_FOR_FP8_OUTPUT_DISCARD = "2.6.0dev0"
-TE_MIN_FOR_MOE_FP8 = "1.7.0.dev0"
-
-
-@dataclass(frozen=True)
-class Rule:
-    id: str
-    reads: tuple[str, ...]
-    condition: str
-    outcome: RuleOutcome
-    enforced_in: str
-    source: str
-    predicate: Callable[[ConfigView], bool] | None = None
-    message: str | None = None  # regex found in MCore's message (validator rules only)
-    raises: str | None = None  # MCore's exception type: AssertionError rules vanish under python -O
-    # Fields ``__post_init__`` rewrites when the rule fires; later rules see the rewritten values.
-    rewrite: Callable[[ConfigView], dict[str, Any]] | None = None
-
-    @property
-    def differential(self) -> bool:
-        """Checked against the real validator by ``matrix --check`` and the Hypothesis tests."""
-        return self.predicate is not None
-
-
-def _graphs_on(c: ConfigView) -> bool:
-    return c.cuda_graph_impl != "none"
-
-
-def _per_layer_graphs(c: ConfigView) -> bool:
-    return c.cuda_graph_impl in ("local", "transformer_engine")
-
-
-def _graphed_selective(c: ConfigView) -> bool:
-    return _graphs_on(c) and c.granularity == "selective"
-
-
-def _ep_overlap(c: ConfigView) -> bool:
-    return bool(c["overlap_moe_expert_parallel_comm"])
-
-
-def _fp8_output_discard(c: ConfigView) -> bool:
-    return bool(c["fp8"]) and (c.selective("moe_act") or c.selective("layernorm"))
-
-
-# Offload modules inside the MoE forward: a whole-``moe`` checkpoint and local partial-MoE graphs
-# both reason about them (MCore's own set, in two checks).
-_MOE_INTERNAL_OFFLOADS = frozenset({"expert_fc1", "moe_act", "fused_group_mlp"})
-
-
-def _fine_grained_offloading(c: ConfigView) -> bool:
-    return bool(c.optional("fine_grained_activation_offloading"))
-
-
-def _offload_modules(c: ConfigView) -> frozenset[str]:
-    return frozenset(c.optional("offload_modules") or ())
-
-
-def _graphs_fit_fine_grained_offloading(c: ConfigView) -> bool:
-    """TE or full-iteration graphs, or local graphs that offload only inside an uncaptured MoE."""
-    if c.cuda_graph_impl in ("transformer_engine", "full_iteration"):
-        return True
-    offloads = _offload_modules(c)
-    return (
-        c.cuda_graph_impl == "local"
-        and bool(offloads)
-        and offloads <= _MOE_INTERNAL_OFFLOADS
-        and "moe" not in c.cuda_graph_modules
-    )
-
-
-def _negative_or_unset(value: int | None) -> bool:
-    return value is None or value < 0
-
-
-def _all_moe_layers(c: ConfigView) -> bool:
-    freq = c["moe_layer_freq"]
-    return freq == 1 or (isinstance(freq, list) and 0 not in freq)
-
+from harness.config.predicates import (
+    MOE_INTERNAL_OFFLOADS,
+    all_moe_layers,
+    ep_overlap,
+    fine_grained_offloading,
+    fp8_output_discard,
+    graphed_selective,
+    graphs_fit_fine_grained_offloading,
+    graphs_on,
+    negative_or_unset,
+    offload_modules,
+    per_layer_graphs,
+)
+from harness.config.rule import (
+    BRIDGE,
+    LAYER_BUILD,
+    MCORE_CONFIG,
+    MCORE_LAYER,
+    MCORE_PARALLEL,
+    MCORE_RECOMPUTE,
+    RUNTIME,
+    SKILL,
+    TE_MIN_FOR_FP8_OUTPUT_DISCARD,
+    TE_MIN_FOR_MOE_FP8,
+    UNCLASSIFIED,
+    VALIDATOR,
+    Rule,
+)
 
 RULES: tuple[Rule, ...] = (
     # --- prerequisites the generated configurations can reach (parallelism, MoE) -------------------
@@ -366,7 +298,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         SKILL,
-        lambda c: _fp8_output_discard(c) and c["fp8_recipe"] == "delayed",
+        lambda c: fp8_output_discard(c) and c["fp8_recipe"] == "delayed",
         r"Delayed scaling does not support moe_act and layernorm recompute",
         "ValueError",
     ),
@@ -377,7 +309,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         SKILL,
-        lambda c: _fp8_output_discard(c) and not c.te_at_least(TE_MIN_FOR_FP8_OUTPUT_DISCARD),
+        lambda c: fp8_output_discard(c) and not c.te_at_least(TE_MIN_FOR_FP8_OUTPUT_DISCARD),
         r"moe_act and layernorm recompute for fp8 needs transformer-engine",
         "ValueError",
     ),
@@ -425,7 +357,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _fine_grained_offloading(c) and c["cpu_offloading"],
+        lambda c: fine_grained_offloading(c) and c["cpu_offloading"],
         r"fine_grained_activation_offloading cannot be enabled with cpu_offloading",
         "AssertionError",
     ),
@@ -443,9 +375,9 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _fine_grained_offloading(c)
+            fine_grained_offloading(c)
             and c.selective("moe")
-            and bool(_offload_modules(c) & _MOE_INTERNAL_OFFLOADS)
+            and bool(offload_modules(c) & MOE_INTERNAL_OFFLOADS)
         ),
         r"Cannot offload .* while recomputing the entire MoE layer",
         "AssertionError",
@@ -462,8 +394,8 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _fine_grained_offloading(c)
-            and "fused_group_mlp" in _offload_modules(c)
+            fine_grained_offloading(c)
+            and "fused_group_mlp" in offload_modules(c)
             and not c.optional("use_transformer_engine_op_fuser")
         ),
         r"fused_group_mlp requires use_transformer_engine_op_fuser",
@@ -512,7 +444,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _per_layer_graphs(c) and {"moe", "moe_router"} <= c.cuda_graph_modules,
+        lambda c: per_layer_graphs(c) and {"moe", "moe_router"} <= c.cuda_graph_modules,
         r"cuda_graph_modules must not contain both moe and moe_router",
         "AssertionError",
     ),
@@ -524,7 +456,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _per_layer_graphs(c)
+            per_layer_graphs(c)
             and not c.is_moe
             and bool({"moe", "moe_router"} & c.cuda_graph_modules)
         ),
@@ -539,10 +471,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _per_layer_graphs(c)
-            and c.is_moe
-            and _all_moe_layers(c)
-            and "mlp" in c.cuda_graph_modules
+            per_layer_graphs(c) and c.is_moe and all_moe_layers(c) and "mlp" in c.cuda_graph_modules
         ),
         r"mlp cuda graph is only supported for dense layers",
         "AssertionError",
@@ -560,7 +489,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _per_layer_graphs(c)
+            per_layer_graphs(c)
             and c.is_moe
             and "moe" in c.cuda_graph_modules
             and (
@@ -578,7 +507,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         SKILL,
         lambda c: (
-            _graphs_on(c) and c.granularity == "full" and c.cuda_graph_impl != "full_iteration"
+            graphs_on(c) and c.granularity == "full" and c.cuda_graph_impl != "full_iteration"
         ),
         r"full recompute is only supported with full iteration CUDA graph",
         "AssertionError",
@@ -606,7 +535,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _graphed_selective(c)
+            graphed_selective(c)
             and c["attention_dropout"] != 0.0
             and c.graphed("attn")
             and "core_attn" in c.modules
@@ -622,7 +551,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _graphed_selective(c)
+            graphed_selective(c)
             and c["hidden_dropout"] != 0.0
             and (
                 (c.graphed("mlp") and "mlp" in c.modules)
@@ -640,7 +569,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _graphed_selective(c)
+            graphed_selective(c)
             and c["moe_input_jitter_eps"] is not None
             and c.graphed("moe")
             and "moe" in c.modules
@@ -666,7 +595,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _graphed_selective(c)
+            graphed_selective(c)
             and (c.optional("gtp_weight_remat_size") or 1) > 1
             and c.cuda_graph_impl == "local"
             and bool(c["fp8"] or c.optional("fp4"))
@@ -686,9 +615,9 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _fine_grained_offloading(c)
+            fine_grained_offloading(c)
             and c.cuda_graph_impl == "local"
-            and _offload_modules(c) <= _MOE_INTERNAL_OFFLOADS
+            and offload_modules(c) <= MOE_INTERNAL_OFFLOADS
             and not c.cuda_graph_modules
         ),
         r"fine-grained activation offloading with cuda_graph_impl='local' is not supported with "
@@ -708,9 +637,9 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _fine_grained_offloading(c)
-            and _graphs_on(c)
-            and not _graphs_fit_fine_grained_offloading(c)
+            fine_grained_offloading(c)
+            and graphs_on(c)
+            and not graphs_fit_fine_grained_offloading(c)
         ),
         r"fine-grained activation offloading is only supported with transformer_engine CUDA graph",
         "AssertionError",
@@ -722,7 +651,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _fine_grained_offloading(c) and _graphs_on(c) and "moe" in c.cuda_graph_modules,
+        lambda c: fine_grained_offloading(c) and graphs_on(c) and "moe" in c.cuda_graph_modules,
         r"Token-drop MoE is temporarily not supported with activation offloading",
         "AssertionError",
     ),
@@ -739,9 +668,9 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _fine_grained_offloading(c)
+            fine_grained_offloading(c)
             and c.cuda_graph_impl == "full_iteration"
-            and _negative_or_unset(c.optional("fine_grained_offloading_max_inflight_offloads"))
+            and negative_or_unset(c.optional("fine_grained_offloading_max_inflight_offloads"))
         ),
         r"fine_grained_offloading_max_inflight_offloads must be a non-negative integer",
         "AssertionError",
@@ -759,7 +688,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _ep_overlap(c)
+            ep_overlap(c)
             and c["pipeline_model_parallel_size"] > 1
             and c["virtual_pipeline_model_parallel_size"] is None
         ),
@@ -773,7 +702,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c["expert_model_parallel_size"] <= 1,
+        lambda c: ep_overlap(c) and c["expert_model_parallel_size"] <= 1,
         r"overlap_moe_expert_parallel_comm is only supported with expert model parallelism",
         "AssertionError",
     ),
@@ -784,7 +713,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c["moe_token_dispatcher_type"] not in ("alltoall", "flex"),
+        lambda c: ep_overlap(c) and c["moe_token_dispatcher_type"] not in ("alltoall", "flex"),
         r"overlap_moe_expert_parallel_comm is supported with alltoall/flex",
         "AssertionError",
     ),
@@ -795,7 +724,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c.granularity == "full",
+        lambda c: ep_overlap(c) and c.granularity == "full",
         r"disable full recomputation when enabling overlap_moe_expert_parallel_comm",
         "AssertionError",
     ),
@@ -806,7 +735,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c["recompute_method"] is not None,
+        lambda c: ep_overlap(c) and c["recompute_method"] is not None,
         r"disable recomputation method when enabling overlap_moe_expert_parallel_comm",
         "AssertionError",
     ),
@@ -817,7 +746,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c["recompute_num_layers"] is not None,
+        lambda c: ep_overlap(c) and c["recompute_num_layers"] is not None,
         r"recompute_num_layers must be None when enabling overlap_moe_expert_parallel_comm",
         "AssertionError",
     ),
@@ -828,7 +757,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         SKILL,
-        lambda c: _ep_overlap(c) and "moe" in c.modules,
+        lambda c: ep_overlap(c) and "moe" in c.modules,
         r"disable moe in recompute_modules when enabling overlap_moe_expert_parallel_comm",
         "AssertionError",
     ),
@@ -839,7 +768,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and not (c["bf16"] or c["fp16"]),
+        lambda c: ep_overlap(c) and not (c["bf16"] or c["fp16"]),
         r"overlap_moe_expert_parallel_comm is only supported with bf16 or fp16",
         "AssertionError",
     ),
@@ -850,7 +779,7 @@ RULES: tuple[Rule, ...] = (
         "reject",
         VALIDATOR,
         MCORE_CONFIG,
-        lambda c: _ep_overlap(c) and c["moe_shared_expert_overlap"],
+        lambda c: ep_overlap(c) and c["moe_shared_expert_overlap"],
         r"disable moe_shared_expert_overlap when enabling overlap_moe_expert_parallel_comm",
         "AssertionError",
     ),
@@ -862,7 +791,7 @@ RULES: tuple[Rule, ...] = (
         VALIDATOR,
         MCORE_CONFIG,
         lambda c: (
-            _ep_overlap(c)
+            ep_overlap(c)
             and c.cuda_graph_impl == "transformer_engine"
             and bool({"moe", "mlp"} & c.cuda_graph_modules)
         ),
@@ -979,44 +908,13 @@ RULES: tuple[Rule, ...] = (
     ),
 )
 
+
 RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
+
+
 SUPERSEDED_RULE = "semantics.full-supersedes-selective"
 
 
-@dataclass(frozen=True)
-class LabelFacts:
-    """What a label needs or does that no validator message says; the probe and ``validate`` read it."""
-
-    # The only MCore class that implements the label, when that class is a Transformer Engine module
-    # (without TE the validator still accepts the label and it does nothing), and where it is.
-    te_class: str | None = None
-    te_where: str | None = None
-    rule: str | None = None  # the matrix rule documenting the fact
-    # Why the label's gradients differ from []'s in the last bits while the loss is bit-identical.
-    sum_order: str = ""
-
-
-LABEL_FACTS: dict[str, LabelFacts] = {
-    # In 0.19.2 ``moe_act`` is read only by TEGroupedMLP.__init__; without TE, grouped-GEMM experts are
-    # built as SequentialMLP.
-    "moe_act": LabelFacts(
-        te_class="TEGroupedMLP",
-        te_where="megatron/core/transformer/moe/experts.py",
-        rule="semantics.moe_act-needs-te-grouped-mlp",
-    ),
-    # ``layernorm`` (measured on 0.19.2, local spec, torch.nn.RMSNorm): the norm's input x feeds the
-    # residual add (gradient r) and, inside RMSNorm's composite backward, two paths (x * rsqrt: a, and
-    # x.pow(2): b). Without recompute autograd adds them in arrival order, (r + a) + b. Under
-    # CheckpointWithoutOutput the nested ``torch.autograd.backward`` sums a + b first and returns one
-    # gradient, so the sum is r + (a + b): fp32 rounding differs. A control whose norms only sit behind
-    # a nested backward (no recompute) matches the row bit for bit: tests/unit/probe/measurement/test_status.py.
-    "layernorm": LabelFacts(
-        sum_order=(
-            "fp32 sum order only: CheckpointWithoutOutput's nested backward pre-sums the norm-input gradient, "
-            "so the residual's is added as r+(a+b), not (r+a)+b"
-        )
-    ),
-}
 _MESSAGE_PATTERNS = [(re.compile(rule.message, re.DOTALL), rule) for rule in RULES if rule.message]
 
 

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from harness.config import rules as rules_module
 from harness.config.revisions import collect_revisions, fingerprint_sources, megatron_core_root
-from harness.config.rules import RULES, UNCLASSIFIED
+from harness.config.rule import UNCLASSIFIED
+from harness.config.rules import RULES
 from harness.config.validate import config_classes, config_defaults
 from harness.matrix import space as space_module
 from harness.matrix.check import Disagreement, compare, minimize

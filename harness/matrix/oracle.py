@@ -9,7 +9,8 @@ from typing import Any
 from harness.config.fields import RecomputeFields
 from harness.config.labels import accepted_labels
 from harness.config.revisions import collect_revisions
-from harness.config.rules import RULES, Rule
+from harness.config.rule import Rule
+from harness.config.rules import RULES
 from harness.config.validate import BASE_MODEL, config_class_for, config_defaults
 from harness.config.view import ConfigView
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from harness.compare.analysis import Analysis
 from harness.compare.selection import Selection
-from harness.config.rules import RULES, Rule
+from harness.config.rule import Rule
+from harness.config.rules import RULES
 from harness.golden.judge import Comparison
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from harness.compare.analysis import GB, Analysis
 from harness.compare.selection import Selection
-from harness.config.rules import RULES, VALIDATOR
+from harness.config.rule import VALIDATOR
+from harness.config.rules import RULES
 from harness.errors import UsageError
 from harness.golden.judge import Comparison
 from harness.record.metrics import unit_of

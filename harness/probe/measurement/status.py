@@ -25,7 +25,7 @@ import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from harness.config.rules import LABEL_FACTS
+from harness.config.label_facts import LABEL_FACTS
 
 if TYPE_CHECKING:
     import torch

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from mcore_checkout import copy_sources
 
 from harness.cli import main
-from harness.config.rules import RULES, RULES_BY_ID, UNCLASSIFIED, VALIDATOR, rule_for_message
+from harness.config.rule import UNCLASSIFIED, VALIDATOR
+from harness.config.rules import RULES, RULES_BY_ID, rule_for_message
 from harness.config.validate import validate
 from harness.matrix.check import check, compare, minimize
 from harness.matrix.drift import (

@@ -1,6 +1,6 @@
 """The reason the probe gives for selective ``layernorm`` not being bitwise, checked on real layers.
 
-Claim (harness.config.rules.LABEL_FACTS["layernorm"].sum_order): the row differs from ``[]`` only because
+Claim (harness.config.label_facts.LABEL_FACTS["layernorm"].sum_order): the row differs from ``[]`` only because
 CheckpointWithoutOutput's nested backward pre-sums the norm-input gradient. So a ``[]`` model whose
 norms merely sit behind a nested ``torch.autograd.backward`` (nothing recomputed, discarded or
 re-stored) must reproduce the ``layernorm`` row's gradients bit for bit.
