@@ -3,8 +3,11 @@ harness's own pytest plugin (harness/pytest_plugin.py), as in any repo that uses
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -17,6 +20,14 @@ from harness.cpu.deferred_compile import defer_compile_before_megatron_core
 # before any test, so xdist workers, probe children and torchrun ranks inherit it.
 if sys.prefix != sys.base_prefix:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch-extensions"))
+
+# Commands that write a report file by default (probe's tables, harness.report.summary) write it here,
+# not into the checkout's runs/: one directory per test session, inherited by subprocesses.
+if "RECOMPUTE_HARNESS_REPORT_DIR" not in os.environ:
+    os.environ["RECOMPUTE_HARNESS_REPORT_DIR"] = tempfile.mkdtemp(
+        prefix="recompute-harness-reports-"
+    )
+    atexit.register(shutil.rmtree, os.environ["RECOMPUTE_HARNESS_REPORT_DIR"], True)
 
 # The test processes import Megatron Core as the CLI and the workers do: with the CPU adapter's part 4.
 defer_compile_before_megatron_core()

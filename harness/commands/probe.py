@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.commands.options import add_golden_dir, add_jobs, require_jobs
@@ -12,8 +15,16 @@ from harness.config.revisions import require_identity
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.probe.plan import PRECISIONS, parse_label_sets
 from harness.probe.workers.isolate import DEFAULT_HANG_TIMEOUT_S
+from harness.report.summary import (
+    PassProgress,
+    check_report_path,
+    default_report_path,
+    print_summary,
+    write_report,
+)
 
 if TYPE_CHECKING:  # the runner imports torch and Megatron Core, which run() defers
+    from harness.golden.probe import GoldenStep
     from harness.probe.runner import ModelProbe
 
 
@@ -82,6 +93,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(docs/probe-coverage.md)",
     )
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument(
+        "--details",
+        action="store_true",
+        help="print every table (per model and precision, unmeasured labels, golden lines) before "
+        "the verdict block, instead of writing them to a report file",
+    )
+    output.add_argument(
+        "--report",
+        type=Path,
+        metavar="FILE",
+        help="write every table to FILE (markdown) instead of runs/probe-<time>.md "
+        "($RECOMPUTE_HARNESS_REPORT_DIR names another directory)",
+    )
     parser.add_argument(
         "--hang-timeout",
         type=float,
@@ -158,6 +183,11 @@ def _layout_probes(args: argparse.Namespace, model: str, precision: str) -> list
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    if args.report is not None:
+        if args.details or args.json:
+            raise UsageError("--report writes the tables that --details and --json print: drop one")
+        check_report_path(args.report)
     if (args.write_golden or args.check_golden) and not args.list:
         require_identity()  # refused before torch and Megatron Core are imported (below)
     # Measured start-up cost: harness.probe / harness.models / harness.golden.probe import torch and
@@ -174,18 +204,10 @@ def run(args: argparse.Namespace) -> int:
     from harness.probe.layouts.pipeline import check_pipelinable
     from harness.probe.layouts.tensor_parallel import check_tensor_parallel
     from harness.probe.present.axes import coverage
-    from harness.probe.present.table import (
-        attribution_table,
-        carried_table,
-        coverage_table,
-        peaks_table,
-        pipeline_table,
-        probe_json,
-        probe_table,
-        unmeasured_table,
-    )
+    from harness.probe.present.table import probe_json
     from harness.probe.runner import probe_errors
     from harness.probe.workers.passes import probe_passes
+    from harness.report.probe_summary import probe_summary
 
     if _layout_option(args) is not None:
         # Before the adapter's self-check and any golden directory is touched: nothing is written.
@@ -223,53 +245,124 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     else:
         try:
-            probes = probe_passes(
-                names,
-                list(dict.fromkeys(args.precision)),
-                jobs=args.jobs,
-                label_sets=label_sets,
-                hang_timeout_s=args.hang_timeout,
-                attention_backend=args.attention_backend,
-                **sizes,
-            )
+            with PassProgress("probe passes") as progress:
+                probes = probe_passes(
+                    names,
+                    list(dict.fromkeys(args.precision)),
+                    jobs=args.jobs,
+                    on_done=lambda probe, done, total: progress.advance(
+                        probe.pass_name, done, total
+                    ),
+                    label_sets=label_sets,
+                    hang_timeout_s=args.hang_timeout,
+                    attention_backend=args.attention_backend,
+                    **sizes,
+                )
         except RuntimeError as exc:  # a pass worker died or hung (and was killed): nothing written
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
-    if args.coverage:
-        found = coverage(probes)
-        print(json.dumps(found, indent=2) if args.json else coverage_table(found) + "\n")
-        unmeasured = "" if args.json else unmeasured_table(probes)
-        if unmeasured:
-            print(unmeasured + "\n")
-    elif args.json:
-        print(json.dumps([probe_json(probe) for probe in probes], indent=2))
-    else:
-        for probe in probes:
-            print(pipeline_table(probe) if probe.pipeline_parallel > 1 else probe_table(probe))
-            print()
-            if args.attribution:
-                print(attribution_table(probe))
-                print()
-                print(carried_table(probe))
-                print()
-                print(peaks_table(probe))
-                print()
-        unmeasured = unmeasured_table(probes)
-        if unmeasured:
-            print(unmeasured)
-            print()
-        for line in not_probed_lines() if args.all else []:
-            print(line)
     errors = probe_errors(probes)
-    if errors:
-        print(f"{len(errors)} row(s) raised (status error; the rest was probed):")
-        print("\n".join(f"  {line}" for line in errors))
     exit_code = EXIT_FAILED if errors else EXIT_OK
+    step = None
     if args.write_golden or args.check_golden:
-        lines, _, differs = golden_step(
+        step = golden_step(
             probes, write=args.write_golden, golden_dir=args.golden_dir, adapter_drift=drift
         )
-        print("\n".join(adapter_drift_lines(drift) + lines))
-        if differs and args.check_golden:
+        if step.differs and args.check_golden:
             exit_code = EXIT_FAILED
+    report = None
+    if args.json:  # the document alone on stdout; golden lines and the verdict block on stderr
+        found = coverage(probes) if args.coverage else [probe_json(p) for p in probes]
+        print(json.dumps(found, indent=2))
+        if step is not None:
+            print("\n".join(adapter_drift_lines(drift) + step.lines()), file=sys.stderr)
+    elif args.details:
+        print(_details(args, probes, errors, step, drift))
+    else:
+        report = _write_report(args.report, _details(args, probes, errors, step, drift))
+    summary = probe_summary(
+        probes,
+        command=_command_line(args),
+        wall_s=time.monotonic() - started,
+        golden=step,
+        checking=args.check_golden,
+        not_probed=not_probed_lines() if args.all else (),
+        adapter_drift=drift,
+        report=report,
+    )
+    print_summary(summary, sys.stderr if args.json else sys.stdout)
     return exit_code
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The probe's defining options, for the block's first line."""
+    words = ["probe", "--all"] if args.all else ["probe", "--model", args.model]
+    for option, value in (
+        ("--pipeline-parallel", args.pipeline_parallel),
+        ("--tensor-parallel", args.tensor_parallel),
+    ):
+        words += [option, str(value)] if value is not None else []
+    words += ["--attention-backend", "fused"] if args.attention_backend == "fused" else []
+    words += ["--check-golden"] if args.check_golden else []
+    words += ["--write-golden"] if args.write_golden else []
+    return shlex.join(words)
+
+
+def _details(
+    args: argparse.Namespace,
+    probes: list[ModelProbe],
+    errors: list[str],
+    step: GoldenStep | None,
+    drift: list[str],
+) -> str:
+    """Everything the probe found, as markdown: the per-model tables (or the coverage), the
+    unmeasured labels, the raised rows and every golden line. What ``--details`` prints and the
+    report file holds."""
+    from harness.golden.probe import adapter_drift_lines
+    from harness.models import not_probed_lines
+    from harness.probe.present.axes import coverage
+    from harness.probe.present.table import (
+        attribution_table,
+        carried_table,
+        coverage_table,
+        peaks_table,
+        pipeline_table,
+        probe_table,
+        unmeasured_table,
+    )
+
+    parts: list[str] = []
+    if args.coverage:
+        parts.append(coverage_table(coverage(probes)))
+    else:
+        for probe in probes:
+            parts.append(
+                pipeline_table(probe) if probe.pipeline_parallel > 1 else probe_table(probe)
+            )
+            if args.attribution:
+                parts += [attribution_table(probe), carried_table(probe), peaks_table(probe)]
+    unmeasured = unmeasured_table(probes)
+    parts += [unmeasured] if unmeasured else []
+    if args.all and not args.coverage:
+        parts += ["\n".join(not_probed_lines())] if not_probed_lines() else []
+    if errors:
+        parts.append(
+            f"{len(errors)} row(s) raised (status error; the rest was probed):\n"
+            + "\n".join(f"  {line}" for line in errors)
+        )
+    if step is not None:
+        parts.append("\n".join(adapter_drift_lines(drift) + step.lines()))
+    return "\n\n".join(part for part in parts if part)
+
+
+def _write_report(path: Path | None, details: str) -> str:
+    """Write ``details`` to the report file and return its path for the block. A default report that
+    cannot be written is said in the block and is no failure; a named one was checked up front."""
+    target = path if path is not None else default_report_path("probe")
+    try:
+        write_report(target, details)
+    except UsageError as exc:
+        if path is not None:
+            raise
+        return f"not written ({exc}); --details prints the tables"
+    return f"{target} (every table; --details prints them)"

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from harness.errors import UsageError
 from harness.record.effects import completed, effects, is_control
-from harness.record.metrics import MATERIAL_SAVING_PCT
+from harness.record.metrics import MATERIAL_SAVING_PCT, MetricName
 from harness.record.model import Outcome, Record
 from harness.record.schema import PHASES
 
@@ -126,31 +126,34 @@ def _stage(outcome: Outcome) -> str:
 
 def _row(record: Record, control: Record | None) -> Row:
     headline = record.headline
-    peak, reserved = headline["peak_allocated_bytes"], headline["peak_reserved_bytes"]
+    peak, reserved = (
+        headline[MetricName.PEAK_ALLOCATED_BYTES],
+        headline[MetricName.PEAK_RESERVED_BYTES],
+    )
     # The schema checks a metric in "iterations" is an integer (record/model.py: HEADLINE_JSON, on load).
-    after = cast(int | None, headline["peak_after_iteration"])
+    after = cast(int | None, headline[MetricName.PEAK_AFTER_ITERATION])
     allocated_pct = reserved_pct = time_pct = None
     note = ""
     if control is not None and record is not control:
         base = control.headline
         # Peaks are comparable only at the same checkpoint, over the same ranks.
-        same_checkpoint = (headline["peak_after_iteration"], headline.peak_scope) == (
-            base["peak_after_iteration"],
+        same_checkpoint = (headline[MetricName.PEAK_AFTER_ITERATION], headline.peak_scope) == (
+            base[MetricName.PEAK_AFTER_ITERATION],
             base.peak_scope,
         )
         effect = effects(record, control, peaks=same_checkpoint)
         if same_checkpoint:
-            saving = effect.get("saving_allocated_pct")
+            saving = effect.get(MetricName.SAVING_ALLOCATED_PCT)
             allocated_pct = None if saving is None else -saving
-            reserved_pct = effect.get("reserved_change_pct")
-        elif peak is not None and base["peak_allocated_bytes"] is not None:
+            reserved_pct = effect.get(MetricName.RESERVED_CHANGE_PCT)
+        elif peak is not None and base[MetricName.PEAK_ALLOCATED_BYTES] is not None:
 
             def when(h: Any) -> str:
-                it = h["peak_after_iteration"]
+                it = h[MetricName.PEAK_AFTER_ITERATION]
                 return f"after iteration {it}" if it is not None else "at an unstated checkpoint"
 
             note = f"peak read {when(headline)}, the control's {when(base)}: not comparable"
-        time_pct = effect.get("step_time_cost_pct")
+        time_pct = effect.get(MetricName.STEP_TIME_COST_PCT)
     return Row(
         label=record.label,
         record=record.id,
@@ -159,8 +162,8 @@ def _row(record: Record, control: Record | None) -> Row:
         peak_allocated_gb=None if peak is None else peak / GB,
         peak_after_iteration=after,
         peak_reserved_gb=None if reserved is None else reserved / GB,
-        step_time_ms=headline["step_time_ms"],
-        tflops_per_gpu=headline["tflops_per_gpu"],
+        step_time_ms=headline[MetricName.STEP_TIME_MS],
+        tflops_per_gpu=headline[MetricName.TFLOPS_PER_GPU],
         allocated_vs_control_pct=allocated_pct,
         reserved_vs_control_pct=reserved_pct,
         time_vs_control_pct=time_pct,

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from harness.compare.analysis import GB, completed, require_matched
+from harness.record.metrics import MetricName
 from harness.record.model import Record
 
 
@@ -30,7 +31,7 @@ def select(records: Sequence[Record], target_gb: float) -> Selection:
     fitting, considered = [], []
     for record in records:
         label = record.label
-        peak = record.headline["peak_allocated_bytes"]
+        peak = record.headline[MetricName.PEAK_ALLOCATED_BYTES]
         if not completed(record):
             considered.append((label, f"did not complete ({record.outcome.status})"))
         elif peak is None:
@@ -41,25 +42,25 @@ def select(records: Sequence[Record], target_gb: float) -> Selection:
             fitting.append(record)
     fitting.sort(
         key=lambda r: (
-            r.headline["step_time_ms"],
+            r.headline[MetricName.STEP_TIME_MS],
             r.recompute.width,
-            r.headline["peak_allocated_bytes"],
+            r.headline[MetricName.PEAK_ALLOCATED_BYTES],
         )
     )
     for record in fitting[1:]:
         considered.append(
-            (record.label, f"fits, but slower ({record.headline['step_time_ms']:.2f} ms)")
+            (record.label, f"fits, but slower ({record.headline[MetricName.STEP_TIME_MS]:.2f} ms)")
         )
     if not fitting:
         return Selection(target_gb, None, None, None, considered)
     best = fitting[0]
     headline = best.headline
-    best_peak = headline["peak_allocated_bytes"]
+    best_peak = headline[MetricName.PEAK_ALLOCATED_BYTES]
     assert best_peak is not None  # a record without one was considered, not fitting, above
     return Selection(
         target_gb,
         best.label,
         best_peak / GB,
-        headline["step_time_ms"],
+        headline[MetricName.STEP_TIME_MS],
         considered,
     )

@@ -25,6 +25,7 @@ from harness.config.rules import RULES
 from harness.errors import UsageError
 from harness.matrix.drift import dead_rules
 from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
+from harness.record.metrics import MetricName
 
 SIDE_TIMEOUT_S = 600.0
 _POLL_S = 0.2
@@ -36,11 +37,11 @@ PYCACHE = Path(
 ROW_VALUES = (
     "status",
     "rule",
-    "retained_bytes",
-    "backward_flops",
-    "replay_bytes",
-    "replay_ops",
-    "carried_bytes",
+    MetricName.RETAINED_BYTES,
+    MetricName.BACKWARD_FLOPS,
+    MetricName.REPLAY_BYTES,
+    MetricName.REPLAY_OPS,
+    MetricName.CARRIED_BYTES,
 )
 
 
@@ -174,8 +175,8 @@ def _not_bitwise(equivalence: dict[str, Any] | None) -> int | None:
 
 def _row_values(row: dict[str, Any]) -> dict[str, Any]:
     values = {key: row.get(key) for key in ROW_VALUES}
-    values["not_bitwise_values"] = _not_bitwise(row.get("equivalence"))
-    values["dropout_not_bitwise_values"] = _not_bitwise(row.get("dropout_equivalence"))
+    values[MetricName.NOT_BITWISE_VALUES] = _not_bitwise(row.get("equivalence"))
+    values[MetricName.DROPOUT_NOT_BITWISE_VALUES] = _not_bitwise(row.get("dropout_equivalence"))
     return values
 
 

@@ -196,7 +196,9 @@ def replay_problems() -> list[str]:
             continue
         differing = [
             what
-            for what, a, b in zip(("loss", "grad x", "grad weight"), expected, actual, strict=True)
+            for what, a, b in zip(
+                ("the loss", "grad x", "grad weight"), expected, actual, strict=True
+            )
             if b is None or not torch.equal(a, b)
         ]
         if differing:

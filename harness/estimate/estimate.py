@@ -43,6 +43,7 @@ from harness.probe.measurement.status import (
 )
 from harness.processes import run_cpu_torchrun
 from harness.record.build import now_iso
+from harness.record.metrics import MetricName
 from harness.run.recipes import Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
@@ -193,7 +194,7 @@ def _at_target(
 ) -> tuple[Fraction, dict[str, Fraction]]:
     """A row's layer bytes and per-module attribution, extrapolated to ``target``."""
     lengths = [m["seq_length"] for m in measurements]
-    total = extrapolate(lengths, [m["retained_bytes"] for m in measurements], target)
+    total = extrapolate(lengths, [m[MetricName.RETAINED_BYTES] for m in measurements], target)
     modules: dict[str, list[int]] = defaultdict(lambda: [0] * len(measurements))
     for i, m in enumerate(measurements):
         for name, nbytes in m["attribution"].items():
@@ -268,7 +269,7 @@ def assemble(
             kind: float(
                 quadratic_coefficient(
                     list(seq_lengths),
-                    [m["retained_bytes"] for m in result["kinds"][kind][CONTROL_ROW]],
+                    [m[MetricName.RETAINED_BYTES] for m in result["kinds"][kind][CONTROL_ROW]],
                 )
             )
             for kind in layers
@@ -377,7 +378,7 @@ def _row(
             per_kind={
                 kind: {
                     "layers": n,
-                    "retained_bytes": round(control_parts[kind][0] * n * in_flight),
+                    MetricName.RETAINED_BYTES: round(control_parts[kind][0] * n * in_flight),
                     "saving_bytes": 0,
                 }
                 for kind, n in layers.items()
@@ -406,7 +407,7 @@ def _row(
         scale = count * in_flight
         per_kind[kind] = {
             "layers": count,
-            "retained_bytes": round(bytes_ * scale),
+            MetricName.RETAINED_BYTES: round(bytes_ * scale),
             "saving_bytes": round((control_bytes - bytes_) * scale),
         }
         total += bytes_ * scale

@@ -117,11 +117,9 @@ def bump(
             print(unmeasured + "\n")
         for line in not_probed_lines():
             print(line)
-        lines, written, _ = golden_step(
-            probes, write=True, golden_dir=golden_dir, adapter_drift=drift
-        )
-        print("\n".join(adapter_drift_lines(drift) + lines))
-        summary.refreshed += written
+        step = golden_step(probes, write=True, golden_dir=golden_dir, adapter_drift=drift)
+        print("\n".join(adapter_drift_lines(drift) + step.lines()))
+        summary.refreshed += step.written
 
     _step(summary, "identity", identity)
     _step(summary, "labels", labels)

@@ -14,10 +14,11 @@ from harness.estimate.estimate import Estimate
 from harness.files import write_json_atomic
 from harness.golden.store import estimate_golden_path
 from harness.record.io import read_json
+from harness.record.metrics import MetricName
 
 # The keys every estimate golden holds (``Estimate.as_dict``); a file without them is not one.
 REQUIRED_KEYS = ("recipe", "attention_backend", "rows", "revisions", "provenance")
-REQUIRED_ROW_KEYS = ("label", "status", "retained_bytes")
+REQUIRED_ROW_KEYS = ("label", "status", MetricName.RETAINED_BYTES)
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,10 @@ WORKLOAD_KEYS = (
     "probe_seq_lengths",
 )
 # Per row: what a label does (status) and the bytes it saves and leaves; per layer kind, the same.
-ROW_KEYS = ("status", "retained_bytes", "saving_bytes", "partial_saving_bytes")
+ROW_KEYS = ("status", MetricName.RETAINED_BYTES, "saving_bytes", "partial_saving_bytes")
 # Judged only where the golden has them: goldens written before the peaks were measured stay usable.
 ROW_KEYS_SINCE = ("peak_bytes", "peak_saving_bytes", "peak_phase")
-PER_KIND_KEYS = ("layers", "retained_bytes", "saving_bytes")
+PER_KIND_KEYS = ("layers", MetricName.RETAINED_BYTES, "saving_bytes")
 
 
 @dataclass(frozen=True)

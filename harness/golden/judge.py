@@ -24,6 +24,7 @@ from harness.record.metrics import (
     EFFECT_METRICS,
     MATERIAL_COST_PCT,
     MATERIAL_SAVING_PCT,
+    MetricName,
     declared_metric,
     higher_is_better,
 )
@@ -111,7 +112,7 @@ def _direction(metric: str, golden: float, actual: float, effect: bool) -> str:
             if better
             else "FAIL: saving shrank beyond tolerance"
         )
-    if metric == "step_time_cost_pct":
+    if metric == MetricName.STEP_TIME_COST_PCT:
         return (
             "FAIL: cost shrank beyond tolerance, refresh the golden"
             if better
@@ -174,7 +175,10 @@ def _inactive_verdict(golden: dict[str, Any], actual: dict[str, Any]) -> str | N
     """A label that saved (or cost) at the golden and now does neither has stopped acting."""
 
     def material(values: dict[str, Any]) -> tuple[bool, bool]:
-        saving, cost = values.get("saving_allocated_pct"), values.get("step_time_cost_pct")
+        saving, cost = (
+            values.get(MetricName.SAVING_ALLOCATED_PCT),
+            values.get(MetricName.STEP_TIME_COST_PCT),
+        )
         return (
             saving is not None and saving >= MATERIAL_SAVING_PCT,
             cost is not None and abs(cost) >= MATERIAL_COST_PCT,
@@ -253,7 +257,7 @@ def compare_records(
             check = _judge(
                 metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric]
             )
-            if inactive and metric == "saving_allocated_pct" and not check.passed:
+            if inactive and metric == MetricName.SAVING_ALLOCATED_PCT and not check.passed:
                 check = replace(check, verdict=inactive)
             comparison.checks.append(replace(check, label=row.label))
     for label in by_label:

@@ -10,6 +10,7 @@ verdicts are pinned by the compatibility matrix; the deadlock by its own unit te
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from harness.record.build import (
     parallelism,
     workload,
 )
+from harness.record.metrics import MetricName
 from harness.record.model import ProbeMetrics, Record
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
@@ -108,7 +110,7 @@ def _not_bitwise(equivalence: Equivalence) -> int:
 
 def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
     values = row.values()
-    carried = {} if row.carried_bytes is None else {"carried_bytes": row.carried_bytes}
+    carried = {} if row.carried_bytes is None else {MetricName.CARRIED_BYTES: row.carried_bytes}
     return cpu_probe_metrics(
         retained_bytes=values.retained_bytes,
         backward_flops=values.backward_flops,
@@ -122,7 +124,7 @@ def row_metrics(row: ProbeRowResult) -> ProbeMetrics:
             for phase in PHASES
             if row.step_peaks
         },
-        **({} if row.inflight_bytes is None else {"inflight_bytes": row.inflight_bytes}),
+        **({} if row.inflight_bytes is None else {MetricName.INFLIGHT_BYTES: row.inflight_bytes}),
     )
 
 
@@ -297,48 +299,93 @@ def adapter_drift_lines(drift: list[str]) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class PassVerdict:
+    """What the golden step found for one probe pass (a model at one precision, back end, layout)."""
+
+    probe: ModelProbe
+    golden: Path
+    # matches / differs / same-behaviour (a new revision, no value changed against ``same_as``) /
+    # wrote / unchanged (a write that found the golden equal) / not-written (rows raised)
+    outcome: str
+    problems: tuple[str, ...] = ()
+    same_as: Path | None = None
+
+    def lines(self) -> list[str]:
+        """The step's report of this pass: a headline, then one indented line per problem."""
+        model = self.probe.model
+        if self.outcome == "not-written":  # the first problem says which rows raised
+            head = f"{self.probe.pass_name}: not written: {self.problems[0]}"
+            return [head, *(f"  {problem}" for problem in self.problems[1:])]
+        if self.outcome in ("wrote", "unchanged"):
+            head = f"{model}: {self.outcome} {self.golden}"
+        elif self.outcome == "same-behaviour":
+            assert self.same_as is not None
+            head = (
+                f"{model}: same behaviour: no golden {self.golden.name} for this new revision, "
+                f"and no value changed against {self.same_as.name}"
+            )
+        else:
+            head = f"{model}: {'matches' if self.outcome == 'matches' else 'DIFFERS from'} "
+            head += self.golden.name
+        return [head, *(f"  {problem}" for problem in self.problems)]
+
+
+@dataclass(frozen=True)
+class GoldenStep:
+    """The golden step of one probe: a verdict per pass, in the passes' order."""
+
+    verdicts: tuple[PassVerdict, ...]
+
+    @property
+    def differs(self) -> bool:
+        """Whether any golden differed or could not be written."""
+        return any(v.outcome in ("differs", "not-written") or v.problems for v in self.verdicts)
+
+    @property
+    def written(self) -> list[str]:
+        return [str(v.golden) for v in self.verdicts if v.outcome == "wrote"]
+
+    def lines(self) -> list[str]:
+        return [line for verdict in self.verdicts for line in verdict.lines()]
+
+
 def golden_step(
     probes: list[ModelProbe],
     *,
     write: bool,
     golden_dir: Path | None = None,
     adapter_drift: list[str] | None = None,
-) -> tuple[list[str], list[str], bool]:
+) -> GoldenStep:
     """Check (and with ``write``, then write) each probe's CPU golden from this one probe pass.
 
-    Returns (report lines, paths written, whether any golden differed). The diff against the golden
-    being replaced (or, for new pins, the nearest earlier one) comes first, so a refresh probes once.
-    A model with ``error`` rows gets no golden (it would pin their absence).
+    The diff against the golden being replaced (or, for new pins, the nearest earlier one) comes
+    first, so a refresh probes once. A model with ``error`` rows gets no golden (it would pin their
+    absence).
     """
-    lines: list[str] = []
-    written_paths: list[str] = []
-    differs = False
+    verdicts = []
     for probe in probes:
         path, problems, same_as = judge_probe_golden(probe, golden_dir)
-        differs = differs or bool(problems)
         raised = [row.label for row in probe.rows if row.status == ERROR]
         if write and raised:
-            lines.append(
-                f"{probe.pass_name}: not written: {len(raised)} row(s) raised ({', '.join(raised)})"
+            verdicts.append(
+                PassVerdict(
+                    probe,
+                    path,
+                    "not-written",
+                    (f"{len(raised)} row(s) raised ({', '.join(raised)})", *problems),
+                )
             )
-            differs = True
         elif write:
             path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
-            lines.append(f"{probe.model}: {'wrote' if written else 'unchanged'} {path}")
-            written_paths += [str(path)] if written else []
+            verdicts.append(
+                PassVerdict(probe, path, "wrote" if written else "unchanged", tuple(problems))
+            )
         elif same_as is not None:
-            lines.append(
-                f"{probe.model}: same behaviour: no golden {path.name} for this new revision, and "
-                f"no value changed against {same_as.name}"
-            )
+            verdicts.append(PassVerdict(probe, path, "same-behaviour", same_as=same_as))
+        elif problems:
+            refresh = "if the change is intended, refresh with: " + probe_refresh_command(probe)
+            verdicts.append(PassVerdict(probe, path, "differs", (*problems, refresh)))
         else:
-            lines.append(
-                f"{probe.model}: {'matches' if not problems else 'DIFFERS from'} {path.name}"
-            )
-            problems += (
-                ["if the change is intended, refresh with: " + probe_refresh_command(probe)]
-                if problems
-                else []
-            )
-        lines += [f"  {problem}" for problem in problems]
-    return lines, written_paths, differs
+            verdicts.append(PassVerdict(probe, path, "matches"))
+    return GoldenStep(tuple(verdicts))

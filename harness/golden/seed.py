@@ -31,6 +31,7 @@ from harness.golden.format import golden_from_records
 from harness.golden.store import golden_path_for, golden_root, writable, write_golden
 from harness.record.build import new_record, outcome, parallelism, workload
 from harness.record.io import read_json
+from harness.record.metrics import MetricName
 from harness.record.model import (
     Hardware,
     Headline,
@@ -113,7 +114,7 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetr
     sanity = study.get("numerical_sanity", "")
     # "zero skipped and NaN iterations" is stated for the rows that ran their steps.
     clean = 0 if status == "completed" and "zero skipped" in sanity else None
-    step_time = row.get("step_time_ms")
+    step_time = row.get(MetricName.STEP_TIME_MS)
     return RunMetrics(
         iterations=[],
         ranks=[],
@@ -122,11 +123,11 @@ def _metrics(row: dict[str, Any], study: dict[str, Any], status: str) -> RunMetr
         else None,
         headline=Headline(
             values={
-                "peak_allocated_bytes": None if peak_gb is None else round(peak_gb * GB),
-                "peak_reserved_bytes": None,
-                "peak_after_iteration": after,
-                "step_time_ms": step_time,
-                "tflops_per_gpu": row.get("tflops_per_gpu", row.get("tflops")),
+                MetricName.PEAK_ALLOCATED_BYTES: None if peak_gb is None else round(peak_gb * GB),
+                MetricName.PEAK_RESERVED_BYTES: None,
+                MetricName.PEAK_AFTER_ITERATION: after,
+                MetricName.STEP_TIME_MS: step_time,
+                MetricName.TFLOPS_PER_GPU: row.get(MetricName.TFLOPS_PER_GPU, row.get("tflops")),
             },
             peak_rank=0 if "rank-0" in measurement and peak_gb is not None else None,
             peak_scope=STUDY_PEAK_SCOPES.get(study["model"], "unreported"),

@@ -26,7 +26,7 @@ from statistics import fmean
 from typing import Any
 
 from harness.config.fields import RecomputeFields
-from harness.record.metrics import metrics_in
+from harness.record.metrics import MetricName, metrics_in
 from harness.record.model import (
     Hardware,
     Headline,
@@ -88,7 +88,7 @@ def headline(
     for metric in metrics_in("headline"):
         if metric.from_ranks is not None:
             values[metric.name] = metric.from_ranks(readings, at, last)
-    values["peak_after_iteration"] = at
+    values[MetricName.PEAK_AFTER_ITERATION] = at
     step_time = tflops = None
     if steady_window is not None:
         first, final = steady_window
@@ -101,7 +101,7 @@ def headline(
         flops = [row.tflops_per_gpu for row in steady if row.tflops_per_gpu is not None]
         step_time = fmean(times) if times else None
         tflops = fmean(flops) if flops else None
-    values["step_time_ms"], values["tflops_per_gpu"] = step_time, tflops
+    values[MetricName.STEP_TIME_MS], values[MetricName.TFLOPS_PER_GPU] = step_time, tflops
     peak_rank = None
     if at is not None:
         peak_rank = ranks[max(range(len(ranks)), key=lambda i: readings[i][at][0])].rank
@@ -133,9 +133,9 @@ def cpu_probe_metrics(
     """Metrics of one CPU-probe row: deterministic counts, compared exactly against CPU goldens."""
     return ProbeMetrics(
         {
-            "retained_bytes": retained_bytes,
-            "backward_flops": backward_flops,
-            "replay_bytes": replay_bytes,
+            MetricName.RETAINED_BYTES: retained_bytes,
+            MetricName.BACKWARD_FLOPS: backward_flops,
+            MetricName.REPLAY_BYTES: replay_bytes,
             **more,
         }
     )

@@ -12,16 +12,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from harness.errors import UsageError
+from harness.record.metrics import MetricName
 from harness.record.model import Number, Record, RunMetrics
 from harness.record.vocabulary import MEASURED_PEAK_SCOPES
 
 # Whose peak a number is (harness.record.vocabulary.PeakScope, less "unreported").
 SCOPES = MEASURED_PEAK_SCOPES
 SCOPED_METRICS = {
-    "peak_allocated_bytes": ("at", "allocated"),
-    "peak_reserved_bytes": ("at", "reserved"),
-    "run_peak_allocated_bytes": ("last", "allocated"),
-    "run_peak_reserved_bytes": ("last", "reserved"),
+    MetricName.PEAK_ALLOCATED_BYTES: ("at", "allocated"),
+    MetricName.PEAK_RESERVED_BYTES: ("at", "reserved"),
+    MetricName.RUN_PEAK_ALLOCATED_BYTES: ("last", "allocated"),
+    MetricName.RUN_PEAK_RESERVED_BYTES: ("last", "reserved"),
 }
 
 
@@ -36,7 +37,7 @@ def completed(record: Record) -> bool:
     window = metrics.steady_window
     return (
         record.outcome.status == "completed"
-        and metrics.headline["step_time_ms"] is not None
+        and metrics.headline[MetricName.STEP_TIME_MS] is not None
         and window is not None
         and window.last > window.first
         and not metrics.nan_iterations
@@ -71,7 +72,7 @@ def scoped_peaks(record: Record, scope: str) -> dict[str, Number | None]:
             f"peaks it cannot give the {scope!r} peak the golden holds"
         )
     at, iterations = (
-        headline["peak_after_iteration"],
+        headline[MetricName.PEAK_AFTER_ITERATION],
         [{r.iteration for r in rank.peaks} for rank in metrics.ranks],
     )
     last = max(set.intersection(*iterations)) if iterations else None
@@ -108,27 +109,32 @@ def effects(
         return {}
     result: dict[str, Number | None] = {}
     same_checkpoint = (
-        peaks and row.headline["peak_after_iteration"] == control.headline["peak_after_iteration"]
+        peaks
+        and row.headline[MetricName.PEAK_AFTER_ITERATION]
+        == control.headline[MetricName.PEAK_AFTER_ITERATION]
     )
     scope = scope or control.headline.peak_scope
     mine, base = (
         (scoped_peaks(row, scope), scoped_peaks(control, scope)) if same_checkpoint else ({}, {})
     )
-    allocated, base_allocated = mine.get("peak_allocated_bytes"), base.get("peak_allocated_bytes")
+    allocated, base_allocated = (
+        mine.get(MetricName.PEAK_ALLOCATED_BYTES),
+        base.get(MetricName.PEAK_ALLOCATED_BYTES),
+    )
     if same_checkpoint and allocated is not None and base_allocated is not None:
-        result["saving_allocated_bytes"] = base_allocated - allocated
+        result[MetricName.SAVING_ALLOCATED_BYTES] = base_allocated - allocated
         growth_pct = _pct(allocated, base_allocated)  # None when the control held nothing
-        result["saving_allocated_pct"] = None if growth_pct is None else -growth_pct
+        result[MetricName.SAVING_ALLOCATED_PCT] = None if growth_pct is None else -growth_pct
     if same_checkpoint:
-        result["reserved_change_pct"] = _pct(
-            mine.get("peak_reserved_bytes"), base.get("peak_reserved_bytes")
+        result[MetricName.RESERVED_CHANGE_PCT] = _pct(
+            mine.get(MetricName.PEAK_RESERVED_BYTES), base.get(MetricName.PEAK_RESERVED_BYTES)
         )
     if completed(row) and completed(control):
-        result["step_time_cost_pct"] = _pct(
-            row.headline["step_time_ms"], control.headline["step_time_ms"]
+        result[MetricName.STEP_TIME_COST_PCT] = _pct(
+            row.headline[MetricName.STEP_TIME_MS], control.headline[MetricName.STEP_TIME_MS]
         )
-        result["tflops_change_pct"] = _pct(
-            row.headline["tflops_per_gpu"], control.headline["tflops_per_gpu"]
+        result[MetricName.TFLOPS_CHANGE_PCT] = _pct(
+            row.headline[MetricName.TFLOPS_PER_GPU], control.headline[MetricName.TFLOPS_PER_GPU]
         )
     return {name: value for name, value in result.items() if value is not None}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from harness.record.vocabulary import RUN_KIND_VALUES
@@ -23,6 +24,48 @@ Scope = Literal["headline", "count", "per-iteration", "per-rank", "probe", "effe
 Better = Literal["lower", "higher", "exact"]
 # Record kinds whose goldens judge run metrics; CPU probes are judged exactly on every metric.
 RUN_KINDS = RUN_KIND_VALUES
+
+
+class MetricName(StrEnum):
+    """Every metric's name, declared once: code names a metric by member (``MetricName.STEP_TIME_MS``),
+    never by a string, so a misspelt metric fails the type checker, not a run. A member equals its
+    JSON string, so records and goldens stay plain JSON."""
+
+    ALLOCATED_AFTER_STEP_BYTES = "allocated_after_step_bytes"
+    ALLOCATED_AFTER_ZERO_GRAD_BYTES = "allocated_after_zero_grad_bytes"
+    ALLOCATED_BYTES = "allocated_bytes"
+    BACKWARD_FLOPS = "backward_flops"
+    CARRIED_ALLOCATED_BYTES = "carried_allocated_bytes"
+    CARRIED_BYTES = "carried_bytes"
+    DEVICE_USED_BYTES = "device_used_bytes"
+    DROPOUT_NOT_BITWISE_VALUES = "dropout_not_bitwise_values"
+    INFLIGHT_BYTES = "inflight_bytes"
+    ITERATION_ALLOCATED_BYTES = "iteration_allocated_bytes"
+    ITERATION_RESERVED_BYTES = "iteration_reserved_bytes"
+    LOSS = "loss"
+    NAN_ITERATIONS = "nan_iterations"
+    NOT_BITWISE_VALUES = "not_bitwise_values"
+    PEAK_AFTER_ITERATION = "peak_after_iteration"
+    PEAK_ALLOCATED_BYTES = "peak_allocated_bytes"
+    PEAK_ALLOCATED_SPREAD_BYTES = "peak_allocated_spread_bytes"
+    PEAK_BACKWARD_BYTES = "peak_backward_bytes"
+    PEAK_FORWARD_BYTES = "peak_forward_bytes"
+    PEAK_OPTIMIZER_BYTES = "peak_optimizer_bytes"
+    PEAK_RESERVED_BYTES = "peak_reserved_bytes"
+    REPLAY_BYTES = "replay_bytes"
+    REPLAY_OPS = "replay_ops"
+    RESERVED_BYTES = "reserved_bytes"
+    RESERVED_CHANGE_PCT = "reserved_change_pct"
+    RETAINED_BYTES = "retained_bytes"
+    RUN_PEAK_ALLOCATED_BYTES = "run_peak_allocated_bytes"
+    RUN_PEAK_RESERVED_BYTES = "run_peak_reserved_bytes"
+    SAVING_ALLOCATED_BYTES = "saving_allocated_bytes"
+    SAVING_ALLOCATED_PCT = "saving_allocated_pct"
+    SKIPPED_ITERATIONS = "skipped_iterations"
+    STEP_TIME_COST_PCT = "step_time_cost_pct"
+    STEP_TIME_MS = "step_time_ms"
+    TFLOPS_CHANGE_PCT = "tflops_change_pct"
+    TFLOPS_PER_GPU = "tflops_per_gpu"
 
 
 @dataclass(frozen=True)
@@ -84,7 +127,7 @@ FromRanks = Callable[[RankReadings, int | None, int | None], int | None]
 
 @dataclass(frozen=True)
 class Metric:
-    name: str
+    name: MetricName
     unit: str  # "bytes", "ms", "TFLOP/s", "iterations", "FLOPs", "ops", "values", "count"
     better: Better
     scope: Scope
@@ -133,7 +176,7 @@ def _allocated_spread(readings: RankReadings, at: int | None) -> int | None:
 METRICS: tuple[Metric, ...] = (
     # --- headline: what a run's verdict is made on (docs/run-record.md) -----------------------------
     Metric(
-        "peak_allocated_bytes",
+        MetricName.PEAK_ALLOCATED_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -142,7 +185,7 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _hottest_allocated(readings, at),
     ),
     Metric(
-        "peak_reserved_bytes",
+        MetricName.PEAK_RESERVED_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -151,14 +194,14 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _max_reserved(readings, at),
     ),
     Metric(
-        "peak_after_iteration",
+        MetricName.PEAK_AFTER_ITERATION,
         "iterations",
         "exact",
         "headline",
         "the iteration the headline peaks were read after (2, or the last every rank reported)",
     ),
     Metric(
-        "run_peak_allocated_bytes",
+        MetricName.RUN_PEAK_ALLOCATED_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -168,7 +211,7 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _hottest_allocated(readings, last),
     ),
     Metric(
-        "run_peak_reserved_bytes",
+        MetricName.RUN_PEAK_RESERVED_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -178,7 +221,7 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _max_reserved(readings, last),
     ),
     Metric(
-        "peak_allocated_spread_bytes",
+        MetricName.PEAK_ALLOCATED_SPREAD_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -188,7 +231,7 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _allocated_spread(readings, at),
     ),
     Metric(
-        "carried_allocated_bytes",
+        MetricName.CARRIED_ALLOCATED_BYTES,
         "bytes",
         "lower",
         "headline",
@@ -199,7 +242,7 @@ METRICS: tuple[Metric, ...] = (
         from_ranks=lambda readings, at, last: _hottest_carried(readings, at),
     ),
     Metric(
-        "step_time_ms",
+        MetricName.STEP_TIME_MS,
         "ms",
         "lower",
         "headline",
@@ -208,7 +251,7 @@ METRICS: tuple[Metric, ...] = (
         control_tolerance=relative(0.10),
     ),
     Metric(
-        "tflops_per_gpu",
+        MetricName.TFLOPS_PER_GPU,
         "TFLOP/s",
         "higher",
         "headline",
@@ -218,15 +261,26 @@ METRICS: tuple[Metric, ...] = (
     ),
     # --- counts over the whole run ---------------------------------------------------------------------
     Metric(
-        "skipped_iterations", "iterations", "exact", "count", "iterations the optimizer skipped"
+        MetricName.SKIPPED_ITERATIONS,
+        "iterations",
+        "exact",
+        "count",
+        "iterations the optimizer skipped",
     ),
-    Metric("nan_iterations", "iterations", "exact", "count", "iterations with a NaN/inf loss"),
+    Metric(
+        MetricName.NAN_ITERATIONS, "iterations", "exact", "count", "iterations with a NaN/inf loss"
+    ),
     # --- per iteration (metrics.iterations[]) ----------------------------------------------------------
     Metric(
-        "step_time_ms", "ms", "lower", "per-iteration", "slowest rank's step time", golden=False
+        MetricName.STEP_TIME_MS,
+        "ms",
+        "lower",
+        "per-iteration",
+        "slowest rank's step time",
+        golden=False,
     ),
     Metric(
-        "loss",
+        MetricName.LOSS,
         "loss",
         "exact",
         "per-iteration",
@@ -234,7 +288,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "tflops_per_gpu",
+        MetricName.TFLOPS_PER_GPU,
         "TFLOP/s",
         "higher",
         "per-iteration",
@@ -243,7 +297,7 @@ METRICS: tuple[Metric, ...] = (
     ),
     # --- per rank (metrics.ranks[].peaks[]) -------------------------------------------------------------
     Metric(
-        "allocated_bytes",
+        MetricName.ALLOCATED_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -253,7 +307,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "reserved_bytes",
+        MetricName.RESERVED_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -261,7 +315,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "iteration_allocated_bytes",
+        MetricName.ITERATION_ALLOCATED_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -272,7 +326,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "iteration_reserved_bytes",
+        MetricName.ITERATION_RESERVED_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -282,7 +336,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "device_used_bytes",
+        MetricName.DEVICE_USED_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -293,7 +347,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "allocated_after_step_bytes",
+        MetricName.ALLOCATED_AFTER_STEP_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -302,7 +356,7 @@ METRICS: tuple[Metric, ...] = (
         golden=False,
     ),
     Metric(
-        "allocated_after_zero_grad_bytes",
+        MetricName.ALLOCATED_AFTER_ZERO_GRAD_BYTES,
         "bytes",
         "lower",
         "per-rank",
@@ -315,7 +369,7 @@ METRICS: tuple[Metric, ...] = (
     # Judged first: paired within one sweep, they cancel most machine drift, and they are what a
     # recompute regression is (a label that saves less or costs more).
     Metric(
-        "saving_allocated_bytes",
+        MetricName.SAVING_ALLOCATED_BYTES,
         "bytes",
         "higher",
         "effect",
@@ -323,7 +377,7 @@ METRICS: tuple[Metric, ...] = (
         tolerance=relative(0.20, floor=50_000_000),
     ),
     Metric(
-        "saving_allocated_pct",
+        MetricName.SAVING_ALLOCATED_PCT,
         "%",
         "higher",
         "effect",
@@ -331,7 +385,7 @@ METRICS: tuple[Metric, ...] = (
         tolerance=absolute(0.5),
     ),
     Metric(
-        "reserved_change_pct",
+        MetricName.RESERVED_CHANGE_PCT,
         "%",
         "lower",
         "effect",
@@ -339,7 +393,7 @@ METRICS: tuple[Metric, ...] = (
         tolerance=absolute(2.0),
     ),
     Metric(
-        "step_time_cost_pct",
+        MetricName.STEP_TIME_COST_PCT,
         "%",
         "lower",
         "effect",
@@ -347,7 +401,7 @@ METRICS: tuple[Metric, ...] = (
         tolerance=absolute(1.0),
     ),
     Metric(
-        "tflops_change_pct",
+        MetricName.TFLOPS_CHANGE_PCT,
         "%",
         "higher",
         "effect",
@@ -356,7 +410,7 @@ METRICS: tuple[Metric, ...] = (
     ),
     # --- CPU probe rows: deterministic counts, compared exactly ------------------------------------------
     Metric(
-        "retained_bytes",
+        MetricName.RETAINED_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -364,7 +418,7 @@ METRICS: tuple[Metric, ...] = (
         nullable=False,
     ),
     Metric(
-        "backward_flops",
+        MetricName.BACKWARD_FLOPS,
         "FLOPs",
         "lower",
         "probe",
@@ -372,7 +426,7 @@ METRICS: tuple[Metric, ...] = (
         nullable=False,
     ),
     Metric(
-        "replay_bytes",
+        MetricName.REPLAY_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -380,7 +434,7 @@ METRICS: tuple[Metric, ...] = (
         nullable=False,
     ),
     Metric(
-        "replay_ops",
+        MetricName.REPLAY_OPS,
         "ops",
         "lower",
         "probe",
@@ -389,7 +443,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "not_bitwise_values",
+        MetricName.NOT_BITWISE_VALUES,
         "values",
         "exact",
         "probe",
@@ -398,7 +452,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "dropout_not_bitwise_values",
+        MetricName.DROPOUT_NOT_BITWISE_VALUES,
         "values",
         "exact",
         "probe",
@@ -407,7 +461,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "carried_bytes",
+        MetricName.CARRIED_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -417,7 +471,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "peak_forward_bytes",
+        MetricName.PEAK_FORWARD_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -426,7 +480,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "peak_backward_bytes",
+        MetricName.PEAK_BACKWARD_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -435,7 +489,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "peak_optimizer_bytes",
+        MetricName.PEAK_OPTIMIZER_BYTES,
         "bytes",
         "lower",
         "probe",
@@ -444,7 +498,7 @@ METRICS: tuple[Metric, ...] = (
         required=False,
     ),
     Metric(
-        "inflight_bytes",
+        MetricName.INFLIGHT_BYTES,
         "bytes",
         "lower",
         "probe",

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Annotated, Any, NoReturn
 
 from harness.errors import UsageError
-from harness.record.metrics import metrics_in
+from harness.record.metrics import MetricName, metrics_in
 from harness.record.vocabulary import (
     KIND_VALUES,
     PEAK_SCOPE_VALUES,
@@ -90,15 +90,15 @@ def check_run_invariants(record: dict[str, Any], source: str) -> None:
     # A source may state a peak without its iteration (reference rows); a measured run always knows it.
     if (
         record["kind"] == RecordKind.RUN
-        and headline["peak_allocated_bytes"] is not None
-        and headline["peak_after_iteration"] is None
+        and headline[MetricName.PEAK_ALLOCATED_BYTES] is not None
+        and headline[MetricName.PEAK_AFTER_ITERATION] is None
     ):
         _fail(
             source,
             "metrics.headline.peak_after_iteration",
             "a headline peak needs the iteration it was read after",
         )
-    if headline["step_time_ms"] is not None and window is None and metrics["iterations"]:
+    if headline[MetricName.STEP_TIME_MS] is not None and window is None and metrics["iterations"]:
         _fail(
             source,
             "metrics.steady_window",
@@ -109,16 +109,16 @@ def check_run_invariants(record: dict[str, Any], source: str) -> None:
 
 def _check_headline_matches_ranks(source: str, headline: dict, ranks: list) -> None:
     """With per-rank data, every headline metric derived from the ranks must be what they give (no hand edits)."""
-    at = headline["peak_after_iteration"]
+    at = headline[MetricName.PEAK_AFTER_ITERATION]
     if not ranks or at is None:
         return
     readings = [
         {
             peak["iteration"]: (
-                peak["allocated_bytes"],
-                peak["reserved_bytes"],
-                peak.get("allocated_after_step_bytes"),
-                peak.get("allocated_after_zero_grad_bytes"),
+                peak[MetricName.ALLOCATED_BYTES],
+                peak[MetricName.RESERVED_BYTES],
+                peak.get(MetricName.ALLOCATED_AFTER_STEP_BYTES),
+                peak.get(MetricName.ALLOCATED_AFTER_ZERO_GRAD_BYTES),
             )
             for peak in rank["peaks"]
         }

@@ -15,7 +15,7 @@ from harness.config.rule import VALIDATOR
 from harness.config.rules import RULES
 from harness.errors import UsageError
 from harness.golden.judge import Comparison
-from harness.record.metrics import unit_of
+from harness.record.metrics import MetricName, unit_of
 
 
 def emit(markdown: str) -> None:
@@ -94,8 +94,8 @@ def analysis_markdown(analysis: Analysis) -> str:
             "–" if r.peak_allocated_gb is None else f"{r.peak_allocated_gb:.3f}",
             "–" if r.peak_after_iteration is None else str(r.peak_after_iteration),
             "–" if r.peak_reserved_gb is None else f"{r.peak_reserved_gb:.3f}",
-            format_value("step_time_ms", r.step_time_ms),
-            format_value("tflops_per_gpu", r.tflops_per_gpu),
+            format_value(MetricName.STEP_TIME_MS, r.step_time_ms),
+            format_value(MetricName.TFLOPS_PER_GPU, r.tflops_per_gpu),
             _pct(r.allocated_vs_control_pct),
             _pct(r.time_vs_control_pct),
             r.note,

@@ -37,6 +37,7 @@ from harness.record.build import (
     run_metrics,
     workload,
 )
+from harness.record.metrics import MetricName
 from harness.record.model import PIN_KEYS, IterationRow, RankPeaks, Record
 from harness.run.classify import Classification, error_kind
 from harness.run.events import RankEvidence
@@ -124,11 +125,13 @@ def _iterations(ranks: list[RankEvidence], world_size: int) -> list[IterationRow
                 by_iteration[iteration] = [{"iteration": iteration, "nan": True, "rank": rank.rank}]
     rows = []
     for iteration, events in sorted(by_iteration.items()):
-        times = [e["step_time_ms"] for e in events if e.get("step_time_ms") is not None]
+        times = [
+            e[MetricName.STEP_TIME_MS] for e in events if e.get(MetricName.STEP_TIME_MS) is not None
+        ]
         step_time = max(times) if times else None
         flops = next((rank.flops[iteration] for rank in ranks if iteration in rank.flops), None)
         lead = min(events, key=lambda e: e["rank"])
-        loss = float("nan") if any(e.get("nan") for e in events) else lead.get("loss")
+        loss = float("nan") if any(e.get("nan") for e in events) else lead.get(MetricName.LOSS)
         rows.append(
             iteration_row(
                 iteration,
@@ -147,16 +150,16 @@ def _rank_peaks(ranks: list[RankEvidence]) -> list[RankPeaks]:
     for rank in ranks:
         peaks = {
             e["iteration"]: (
-                e["allocated_bytes"],
-                e.get("reserved_bytes"),
-                e.get("allocated_after_step_bytes"),
-                e.get("allocated_after_zero_grad_bytes"),
-                e.get("device_used_bytes"),
-                e.get("iteration_allocated_bytes"),
-                e.get("iteration_reserved_bytes"),
+                e[MetricName.ALLOCATED_BYTES],
+                e.get(MetricName.RESERVED_BYTES),
+                e.get(MetricName.ALLOCATED_AFTER_STEP_BYTES),
+                e.get(MetricName.ALLOCATED_AFTER_ZERO_GRAD_BYTES),
+                e.get(MetricName.DEVICE_USED_BYTES),
+                e.get(MetricName.ITERATION_ALLOCATED_BYTES),
+                e.get(MetricName.ITERATION_RESERVED_BYTES),
             )
             for e in rank.iterations
-            if e.get("allocated_bytes") is not None
+            if e.get(MetricName.ALLOCATED_BYTES) is not None
         }
         if peaks:
             result.append(rank_peaks(rank.rank, peaks))

@@ -100,3 +100,19 @@ def test_no_command_imports_another_command():
         if target in commands - shared
     }
     assert crossing == set()
+
+
+def test_a_metric_is_named_by_its_registry_member_not_by_a_string():
+    # One home per metric: its name is a string only in the registry (MetricName) and the typed
+    # record; everywhere else code says MetricName.X, so mypy catches a misspelt metric.
+    from harness.record.metrics import MetricName
+
+    homes = {"harness.record.metrics", "harness.record.model"}
+    spelled = sorted(
+        (module, node.lineno, node.value)
+        for module, tree in _modules().items()
+        if module not in homes
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value in set(MetricName)
+    )
+    assert spelled == []

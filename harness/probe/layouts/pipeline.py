@@ -192,7 +192,7 @@ def stage_step(built: TinyModel, *, seed: int, instrument: bool = True) -> Stage
 
     def loss_func(per_token: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = per_token.float().mean()
-        return loss, {"loss": loss.detach().clone()}
+        return loss, {"stage loss": loss.detach().clone()}
 
     def forward_step(data_iterator: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Any]:
         nonlocal peak, forward_flops
@@ -233,7 +233,7 @@ def stage_step(built: TinyModel, *, seed: int, instrument: bool = True) -> Stage
     grads = {
         name: p.grad.detach().clone() for name, p in module.named_parameters() if p.grad is not None
     }
-    losses = torch.stack([entry["loss"] for entry in stored]) if stored else torch.empty(0)
+    losses = torch.stack([entry["stage loss"] for entry in stored]) if stored else torch.empty(0)
     if not instrument:
         return StageStep(losses, grads)
     return StageStep(

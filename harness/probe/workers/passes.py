@@ -19,7 +19,7 @@ import selectors
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -27,6 +27,9 @@ from harness.errors import UsageError
 from harness.probe.runner import ModelProbe, probe_models
 from harness.probe.workers.pass_worker import RESULT, USAGE
 from harness.processes import exit_if_stopped, kill_group, start_in_own_session
+
+# Told of each finished pass: (its probe, passes finished, passes in all).
+PassDone = Callable[[ModelProbe, int, int], None]
 
 PASS_TIMEOUT_S = 1800.0  # a whole pass, import included; rows time out long before (120 s each)
 
@@ -37,19 +40,23 @@ def probe_passes(
     *,
     jobs: int,
     pass_timeout_s: float = PASS_TIMEOUT_S,
+    on_done: PassDone | None = None,
     **options: Any,
 ) -> list[ModelProbe]:
     """Every model at every precision (precision-major, as ``probe``'s output is ordered), each by
     ``harness.probe.runner.probe_models`` with ``options``: in this process when ``jobs`` is 1 or
-    there is one pass, else on ``min(jobs, passes)`` workers."""
+    there is one pass, else on ``min(jobs, passes)`` workers. ``on_done`` hears of each finished
+    pass (in this process a precision's passes finish together)."""
     passes = [(model, precision) for precision in precisions for model in models]
+    done = on_done or (lambda probe, finished, total: None)
     if jobs <= 1 or len(passes) <= 1:
-        return [
-            probe
-            for precision in precisions
-            for probe in probe_models(list(models), precision=precision, **options)
-        ]
-    return _on_workers(passes, min(jobs, len(passes)), options, pass_timeout_s)
+        probes: list[ModelProbe] = []
+        for precision in precisions:
+            for probe in probe_models(list(models), precision=precision, **options):
+                probes.append(probe)
+                done(probe, len(probes), len(passes))
+        return probes
+    return _on_workers(passes, min(jobs, len(passes)), options, pass_timeout_s, done)
 
 
 @dataclass
@@ -121,7 +128,11 @@ def _next_pass(
 
 
 def _on_workers(
-    passes: list[tuple[str, str]], jobs: int, options: dict[str, Any], pass_timeout_s: float
+    passes: list[tuple[str, str]],
+    jobs: int,
+    options: dict[str, Any],
+    pass_timeout_s: float,
+    done: PassDone,
 ) -> list[ModelProbe]:
     waiting = list(enumerate(passes))
     took: dict[str, float] = {}  # model -> seconds its last finished pass took
@@ -150,6 +161,7 @@ def _on_workers(
                     if not line.startswith(RESULT):
                         continue  # Megatron Core's own output
                     results[worker.task] = ModelProbe.from_dict(json.loads(line[len(RESULT) :]))
+                    done(results[worker.task], len(results), len(passes))
                     took[passes[worker.task][0]] = time.monotonic() - worker.started
                     worker.task = None
                     if waiting:

@@ -46,6 +46,7 @@ def test_probe_prints_the_table(capsys):
                 "--attribution",
                 "--precision",
                 "fp32",
+                "--details",
             ]
         )
         == 0

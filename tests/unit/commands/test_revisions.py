@@ -28,7 +28,7 @@ def test_the_head_matches_its_committed_goldens():
     assert labels.returncode == 0 and labels.stdout.startswith("recompute labels match"), labels
     # One process: the step's other worker runs a whole probe too (two probes of two workers each on
     # two cores took 122 s side by side, of one process each 96 s).
-    probe = harness_on(tree, "probe", "--all", "--check-golden", "--jobs", "1")
+    probe = harness_on(tree, "probe", "--all", "--check-golden", "--jobs", "1", "--details")
     assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-2000:]
     # fp32 and bf16 of the style models the head can build, its hyper-connections and
     # GatedDeltaProduct among them; its MTP layer cannot be built without Transformer Engine.

@@ -27,7 +27,9 @@ def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
     labels = harness_on(copy, "labels", "--check")
     assert labels.returncode == 0 and labels.stdout.startswith("same behaviour: "), labels
     # Both passes in one process: the step's other worker probes too.
-    probe = harness_on(copy, "probe", "--model", "dense-tiny", "--check-golden", "--jobs", "1")
+    probe = harness_on(
+        copy, "probe", "--model", "dense-tiny", "--check-golden", "--jobs", "1", "--details"
+    )
     assert probe.returncode == 0, probe.stdout[-3000:]
     assert "dense-tiny: same behaviour: no golden " in probe.stdout
     diff = harness_on(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))

@@ -36,9 +36,9 @@ def test_a_row_that_raises_is_an_error_row_and_the_others_are_measured(core_attn
     assert runner.probe_errors([probe]) == [
         "dense-tiny / core_attn: RuntimeError: a tree this harness has never seen"
     ]
-    lines, written, differs = golden_step([probe], write=True, golden_dir=tmp_path)
-    assert differs and written == [] and not list(tmp_path.rglob("*.json"))
-    assert lines[0] == "dense-tiny: not written: 1 row(s) raised (core_attn)"
+    step = golden_step([probe], write=True, golden_dir=tmp_path)
+    assert step.differs and step.written == [] and not list(tmp_path.rglob("*.json"))
+    assert step.lines()[0] == "dense-tiny: not written: 1 row(s) raised (core_attn)"
 
 
 def test_a_model_whose_control_raises_records_every_row_as_error(monkeypatch):
@@ -55,6 +55,7 @@ def test_a_model_whose_control_raises_records_every_row_as_error(monkeypatch):
 
 def test_probe_exits_1_naming_each_row_that_raised(core_attn_raises, tmp_path, capsys):
     argv = ["probe", "--model", "dense-tiny", "--modules", "core_attn", "mlp", "--jobs", "1"]
+    argv += ["--details"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     # The bf16 pass runs the same rows: each raising row is named with its pass.

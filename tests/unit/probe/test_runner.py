@@ -140,12 +140,12 @@ def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path
     older.write_text(json.dumps(golden))
     path.unlink()
     assert judge_probe_golden(probe, tmp_path) == (path, [], older)
-    lines, _, differs = golden_step([probe], write=False, golden_dir=tmp_path)
+    step = golden_step([probe], write=False, golden_dir=tmp_path)
     expected = (
         f"dense-tiny: same behaviour: no golden {path.name} for this new revision, and no value "
         f"changed against {older.name}"
     )
-    assert not differs and lines == [expected]
+    assert not step.differs and step.lines() == [expected]
 
 
 def test_rows_survive_the_isolated_childs_json(probes):

@@ -28,13 +28,13 @@ MODEL, PP = "dense-deep", 2
 @pytest.fixture(scope="module")
 def run() -> tuple[int, list[ModelProbe], str]:
     """``probe --model dense-deep --pipeline-parallel 2 --precision fp32 --check-golden --json``:
-    its exit code, its stages (from the JSON) and the golden verdict lines after the JSON."""
-    out = io.StringIO()
+    its exit code, its stages (the JSON on stdout) and the golden verdict lines (on stderr)."""
+    out, err = io.StringIO(), io.StringIO()
     argv = ["probe", "--model", MODEL, "--pipeline-parallel", str(PP), "--precision", "fp32"]
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([*argv, "--check-golden", "--json"])
-    found, end = json.JSONDecoder().raw_decode(out.getvalue())
-    return code, [ModelProbe.from_dict(stage) for stage in found], out.getvalue()[end:]
+    found = json.loads(out.getvalue())
+    return code, [ModelProbe.from_dict(stage) for stage in found], err.getvalue()
 
 
 @pytest.fixture(scope="module")

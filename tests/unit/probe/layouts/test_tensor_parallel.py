@@ -26,13 +26,14 @@ MODEL, TP = "dense-tiny", 2
 @pytest.fixture(scope="module")
 def run() -> tuple[int, ModelProbe, str]:
     """``probe --model dense-tiny --tensor-parallel 2 --precision fp32 --check-golden --json``: its
-    exit code, the probe every rank agreed on (from the JSON) and the golden verdict lines."""
-    out = io.StringIO()
+    exit code, the probe every rank agreed on (the JSON on stdout) and the golden verdict lines (on
+    stderr)."""
+    out, err = io.StringIO(), io.StringIO()
     argv = ["probe", "--model", MODEL, "--tensor-parallel", str(TP), "--precision", "fp32"]
-    with contextlib.redirect_stdout(out):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([*argv, "--check-golden", "--json"])
-    (found,), end = json.JSONDecoder().raw_decode(out.getvalue())
-    return code, ModelProbe.from_dict(found), out.getvalue()[end:]
+    (found,) = json.loads(out.getvalue())
+    return code, ModelProbe.from_dict(found), err.getvalue()
 
 
 def test_the_ranks_agree_and_match_the_golden(run):

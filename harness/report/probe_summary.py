@@ -1,0 +1,164 @@
+"""The probe's verdict block: the revision judged, the passes and rows measured, the goldens matched or
+differing (the first difference named), the labels no model measured (each reason once), the models
+this tree cannot build, and PASS / FAIL in words."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from harness.config.revisions import collect_revisions
+from harness.golden.probe import GoldenStep, probe_refresh_command
+from harness.probe.present.coverage import unmeasured_everywhere
+from harness.probe.runner import ModelProbe, probe_errors
+from harness.report.summary import Summary
+
+# Golden outcomes in the order the block counts them (``harness.golden.probe.PassVerdict.outcome``).
+_OUTCOME_WORDS = (
+    ("matches", "match"),
+    ("same-behaviour", "same behaviour (a new revision, no value changed)"),
+    ("wrote", "written"),
+    ("unchanged", "unchanged (already equal)"),
+    ("differs", "differ"),
+    ("not-written", "not written (rows raised)"),
+)
+
+
+def revision_subject(attention_backend: str | None = None) -> str:
+    """``megatron-core 0.19.2 (commit …, fingerprint …), torch 2.14.1[, CPU, unfused attention]``."""
+    revisions = collect_revisions()
+    core: dict[str, Any] = revisions["megatron_core"] or {}
+    pins = ", ".join(
+        f"{key} {str(core[key])[:16]}" for key in ("commit", "fingerprint") if core.get(key)
+    )
+    where = f", CPU, {attention_backend} attention" if attention_backend else ""
+    return (
+        f"megatron-core {core.get('version', '?')}"
+        + (f" ({pins})" if pins else "")
+        + f", torch {revisions['torch']}{where}"
+    )
+
+
+def _count(values: Sequence[str], noun: str) -> str:
+    return f"{len(values)} {noun}{'' if len(values) == 1 else 's'} ({', '.join(values)})"
+
+
+def _judged(probes: Sequence[ModelProbe]) -> str:
+    models = list(dict.fromkeys(probe.model for probe in probes))
+    precisions = list(dict.fromkeys(probe.precision for probe in probes))
+    stages = {(probe.pipeline_parallel, probe.tensor_parallel) for probe in probes}
+    layout = ""
+    if any(pp > 1 for pp, _ in stages):
+        layout = f" on {max(pp for pp, _ in stages)} pipeline stages"
+    elif any(tp > 1 for _, tp in stages):
+        layout = f" on TP {max(tp for _, tp in stages)} + sequence parallel"
+    measured = sum(row.measured for probe in probes for row in probe.rows)
+    return (
+        f"{len(models)} model{'' if len(models) == 1 else 's'} x {_count(precisions, 'precision')}"
+        f"{layout} = {len(probes)} passes, {measured} rows measured"
+    )
+
+
+def _unmeasured(probes: Sequence[ModelProbe]) -> list[str]:
+    """One line per label and reason, naming the models that gave it (precisions folded)."""
+    lines = []
+    for label, entries in unmeasured_everywhere(list(probes)).items():
+        reasons: dict[str, list[str]] = {}
+        by_pass = {probe.pass_name: probe.model for probe in probes}
+        for pass_name, entry in entries:
+            rule = f" [{entry['rule']}]" if entry.get("rule") else ""
+            why = f"{entry['status']}{rule}: {entry.get('reason') or '-'}"
+            models = reasons.setdefault(why, [])
+            if by_pass.get(pass_name, pass_name) not in models:
+                models.append(by_pass.get(pass_name, pass_name))
+        for why, models in reasons.items():
+            status, _, reason = why.partition(": ")
+            lines.append(f"{label}: {status} on {', '.join(models)}: {reason}")
+    return lines
+
+
+def _goldens(step: GoldenStep) -> tuple[list[str], str | None]:
+    """(the block's golden lines, the first difference) for a check or write."""
+    counts = [
+        f"{sum(v.outcome == outcome for v in step.verdicts)} {words}"
+        for outcome, words in _OUTCOME_WORDS
+        if any(v.outcome == outcome for v in step.verdicts)
+    ]
+    lines = [f"of {len(step.verdicts)}: " + ", ".join(counts)]
+    first = next((v for v in step.verdicts if v.outcome in ("differs", "not-written")), None)
+    if first is None:
+        first = next((v for v in step.verdicts if v.problems), None)
+    if first is None:
+        return lines, None
+    named = f"{first.probe.pass_name}: {first.problems[0]}"
+    lines += [f"first: {first.golden.name}", f"  {named}"]
+    more = sum(len(v.problems) for v in step.verdicts) - 1
+    if first.outcome == "differs":
+        more -= 1  # the refresh line is not a difference
+        lines.append(f"refresh if intended: {probe_refresh_command(first.probe)}")
+    if more > 0:
+        lines.append(f"{more} more line(s) in the report")
+    return lines, named
+
+
+def probe_summary(
+    probes: Sequence[ModelProbe],
+    *,
+    command: str,
+    wall_s: float,
+    golden: GoldenStep | None,
+    checking: bool,
+    not_probed: Sequence[str] = (),
+    adapter_drift: Sequence[str] = (),
+    report: str | None = None,
+) -> Summary:
+    """The block for one probe run; ``checking``: the goldens were judged (not written)."""
+    backends = list(dict.fromkeys(probe.attention_backend for probe in probes))
+    summary = Summary(
+        command=command,
+        subject=revision_subject(", ".join(backends) if backends else None),
+        passed=True,
+        verdict="",
+        wall_s=wall_s,
+    )
+    summary.add("judged", _judged(probes))
+    first = None
+    if golden is not None:
+        lines, first = _goldens(golden)
+        summary.add("goldens", *lines)
+    else:
+        summary.add("goldens", "not judged (--check-golden judges them)")
+    errors = probe_errors(list(probes))
+    if errors:
+        summary.add(
+            "raised", f"{len(errors)} row(s) (status error; the rest was probed)", errors[0]
+        )
+    summary.add("unmeasured", *_unmeasured(probes))
+    summary.add("not probed", *(line.removeprefix("not probed here: ") for line in not_probed))
+    summary.add("adapter", *(f"replaced object changed since review: {d}" for d in adapter_drift))
+    summary.add("report", report or "printed above (--details)")
+    total = len(golden.verdicts) if golden is not None else 0
+    if errors:
+        summary.passed = False
+        summary.verdict = f"{len(errors)} row(s) raised: {errors[0]}"
+    elif golden is not None and golden.differs:
+        bad = sum(
+            v.outcome in ("differs", "not-written") or bool(v.problems) for v in golden.verdicts
+        )
+        summary.passed = not checking and not any(
+            v.outcome == "not-written" for v in golden.verdicts
+        )
+        summary.verdict = (
+            f"{bad} of {total} golden(s) differ; first: {first}"
+            if checking
+            else f"goldens written with changes ({len(golden.written)} file(s)); first: {first}"
+        )
+    elif golden is not None and checking:
+        summary.verdict = f"recompute behaviour matches its goldens ({total}/{total})"
+    elif golden is not None:
+        summary.verdict = (
+            f"{len(golden.written)} golden(s) written, {total - len(golden.written)} unchanged"
+        )
+    else:
+        summary.verdict = f"{len(probes)} pass(es) probed; no golden judged"
+    return summary
