@@ -1,4 +1,4 @@
-"""Capture every README command's output, exit code and written golden bytes on fixed inputs, to prove a
+"""Capture every command's output (docs/commands.md), exit code and written golden bytes on fixed inputs, to prove a
 refactor changed no behaviour.
 
     python3 benchmarks/behaviour_capture.py capture OUTDIR [CODE]  # each command's rc/stdout/stderr
@@ -19,10 +19,11 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-WORK = Path("/tmp/recompute-harness-behaviour-capture")
+WORK = Path(tempfile.gettempdir()) / "recompute-harness-behaviour-capture"
 SEEDS = ROOT / "harness/data/reference"
 ENV_GOLDEN_DIR = "RECOMPUTE_HARNESS_GOLDEN_DIR"
 
@@ -42,7 +43,7 @@ _MASKS = [
 
 
 def _commands() -> list[tuple[str, list[str]]]:
-    """(name, argv after ``recompute-harness``): every command of README's table on fixed inputs."""
+    """(name, argv after ``recompute-harness``): every command of docs/commands.md on fixed inputs."""
     gold = str(WORK / "golden")
     moon = [str(SEEDS / "seed-moonlight-full-8gpu.json")]
     nemo = [str(SEEDS / "seed-nemotron-3-nano-full-16gpu.json")]

@@ -2,8 +2,10 @@
 
 Each released overlay is ``pip install --no-deps --target`` of a small megatron-core wheel (torch is
 reused); the development head is a git work tree of Megatron-LM at ``HEAD_COMMIT`` (a shared, sparse
-clone holding ``megatron/`` of the repository at ``$MEGATRON_LM_GIT``, by default this machine's
-mirror), so its identity is that commit. Both are cached outside the repository
+clone holding ``megatron/`` of the Megatron-LM git repository at ``$MEGATRON_LM_GIT``, by default
+``~/.cache/recompute-harness/megatron-lm.git``: a clone, a bare mirror or a link to one, holding
+``HEAD_COMMIT`` and, for the pull-request tests, ``refs/pull/N/head``), so its identity is that commit.
+Without one, the tests that need it skip and their reason names the variable. Both are cached outside the repository
 (``$RECOMPUTE_HARNESS_OVERLAYS`` or ``~/.cache/recompute-harness/overlays``), so reruns cost nothing.
 ``./venv-run`` fetches them when it creates the venv (``python tests/support/overlays.py``): set-up,
 not the CPU tier's time. ``python tests/support/overlays.py --path REVISION`` prints one's directory.
@@ -20,11 +22,8 @@ from pathlib import Path
 # The bump rehearsals of tests/unit/commands/test_bump.py: a release without gdn_norm_out, and a patch
 # release of the pinned minor.
 BUMP_REHEARSALS = ("0.18.2", "0.19.0")
-OVERLAYS = Path(
-    os.environ.get(
-        "RECOMPUTE_HARNESS_OVERLAYS", Path.home() / ".cache" / "recompute-harness" / "overlays"
-    )
-)
+CACHE = Path.home() / ".cache" / "recompute-harness"
+OVERLAYS = Path(os.environ.get("RECOMPUTE_HARNESS_OVERLAYS", CACHE / "overlays"))
 PIP_TIMEOUT_S = 300
 # A whole probe of one revision (every style model, fp32 + bf16) in a subprocess: about 90 s on a CPU
 # with a bf16 GEMM kernel, 295 s alone and over 300 s beside a second one on a 2-core CPU without it
@@ -32,7 +31,13 @@ PIP_TIMEOUT_S = 300
 WHOLE_PROBE_TIMEOUT_S = 1200
 # The development head the goldens are pinned to (0.20.0 on main), and where its git history is read.
 HEAD_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
-MEGATRON_LM_GIT = Path(os.environ.get("MEGATRON_LM_GIT", "/work/.mirror/NVIDIA+Megatron-LM/repo"))
+MEGATRON_LM_GIT = Path(os.environ.get("MEGATRON_LM_GIT") or CACHE / "megatron-lm.git")
+# What a skip says when the repository is missing: the one thing to do about it.
+ENABLE_HEAD = (
+    "set MEGATRON_LM_GIT to a Megatron-LM git repository holding "
+    f"{HEAD_COMMIT[:12]} (and refs/pull/N/head for the pull-request tests), or put one at {CACHE}/"
+    "megatron-lm.git"
+)
 # Every revision the goldens cover, oldest first; the venv's own (0.19.2) is not an overlay.
 REVISIONS = ("0.18.2", "0.19.0", "0.19.2", "head")
 INSTALLED = "0.19.2"
@@ -85,9 +90,7 @@ def megatron_lm_tree(commit: str = HEAD_COMMIT) -> Path:
     if (target / "megatron" / "core" / "package_info.py").is_file():
         return target
     if not (MEGATRON_LM_GIT / "objects").is_dir() and not (MEGATRON_LM_GIT / ".git").is_dir():
-        raise LookupError(
-            f"no Megatron-LM git repository at {MEGATRON_LM_GIT} (set MEGATRON_LM_GIT)"
-        )
+        raise LookupError(f"no Megatron-LM git repository at {MEGATRON_LM_GIT}: {ENABLE_HEAD}")
     staging = OVERLAYS / f".megatron-lm-{commit[:12]}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -97,7 +100,7 @@ def megatron_lm_tree(commit: str = HEAD_COMMIT) -> Path:
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(staging, ignore_errors=True)
         raise LookupError(
-            f"cannot check out {commit} from {MEGATRON_LM_GIT}: {exc.stderr}"
+            f"cannot check out {commit} from {MEGATRON_LM_GIT} ({exc.stderr.strip()}): {ENABLE_HEAD}"
         ) from None
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
@@ -111,7 +114,9 @@ def pull_request_trees(number: int) -> tuple[Path, Path]:
         head = _git_output("rev-parse", f"refs/pull/{number}/head")
         base = _git_output("merge-base", head, HEAD_COMMIT)
     except (subprocess.CalledProcessError, OSError) as exc:
-        raise LookupError(f"no pull request {number} in {MEGATRON_LM_GIT}: {exc}") from None
+        raise LookupError(
+            f"no pull request {number} in {MEGATRON_LM_GIT} ({exc}): {ENABLE_HEAD}"
+        ) from None
     return megatron_lm_tree(base), megatron_lm_tree(head)
 
 

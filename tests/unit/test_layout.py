@@ -4,6 +4,8 @@ classes share a name."""
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
@@ -116,3 +118,29 @@ def test_a_metric_is_named_by_its_registry_member_not_by_a_string():
         if isinstance(node, ast.Constant) and node.value in set(MetricName)
     )
     assert spelled == []
+
+
+def test_no_path_of_a_particular_machine_is_written_into_the_project():
+    # Paths come from arguments, documented environment variables, a cache under the user's home or
+    # tempfile: a home, work or temp directory of the machines this project was developed on means
+    # nothing elsewhere (a default that pointed at one made tests skip without saying why).
+    machine_roots = re.compile(r"""["'=\s(](/(?:work|home|root|Users|tmp|farm)/)""")
+    project = ROOT.parent
+    files = subprocess.run(
+        ["git", "ls-files", "harness", "tests", "ci", "benchmarks", ".ci", ".github"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    found = [
+        f"{name}:{number}: {match[1]}"
+        for name in files
+        if not name.startswith("tests/golden/") and (project / name).is_file()
+        for number, line in enumerate(
+            (project / name).read_text(encoding="utf-8", errors="replace").splitlines(), 1
+        )
+        for match in [machine_roots.search(line)]
+        if match
+    ]
+    assert found == []

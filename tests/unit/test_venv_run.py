@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _venv_run(python: str, *command: str) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "RECOMPUTE_HARNESS_PYTHON": python}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": tempfile.gettempdir(),
+        "RECOMPUTE_HARNESS_PYTHON": python,
+    }
     return subprocess.run(
         [str(ROOT / "venv-run"), *command],
         env=env,
