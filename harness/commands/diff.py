@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import time
 from pathlib import Path
 
 from harness.errors import EXIT_FAILED, EXIT_OK
+from harness.report.summary import print_summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from harness.compare.tree_diff import diff_trees
+    from harness.report.verdicts import diff_summary
 
+    started = time.monotonic()
     found = diff_trees(args.a, args.b, args.attention_backend, args.model)
     print(json.dumps(found.to_json(), indent=2) if args.json else "\n".join(found.lines()))
+    # The block last, for people (on stderr beside --json: stdout stays one JSON document).
+    summary = diff_summary(found, wall_s=time.monotonic() - started)
+    print_summary(summary, sys.stderr if args.json else sys.stdout)
     return EXIT_FAILED if found.changed else EXIT_OK

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 from harness.config.fields import RecomputeFields
@@ -21,6 +22,8 @@ from harness.golden.estimate import (
     write_estimate,
 )
 from harness.golden.store import estimate_golden_path, existing, golden_root, writable
+from harness.report.summary import print_summary
+from harness.report.verdicts import estimate_summary
 from harness.run.recipes import load_recipe
 
 
@@ -63,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     recipe = load_recipe(args.recipe)
     check_estimable(recipe)
     for row in args.rows or ():
@@ -104,21 +108,28 @@ def run(args: argparse.Namespace) -> int:
     if target is not None and not args.json:
         print(f"{'wrote' if written else 'unchanged'} {target}")
     if golden is not None:
-        return _report_judgement(
-            golden_file, judge_estimate(golden.data, result.as_dict()), args.json
+        mismatches = judge_estimate(golden.data, result.as_dict())
+        _report_judgement(golden_file, mismatches, args.json)
+        summary = estimate_summary(
+            recipe.name,
+            golden_file,
+            mismatches,
+            rows=len(result.rows),
+            wall_s=time.monotonic() - started,
         )
+        print_summary(summary, sys.stderr if args.json else sys.stdout)
+        return EXIT_FAILED if mismatches else EXIT_OK
     return EXIT_OK
 
 
 def _report_judgement(
     golden_file: Path, mismatches: list[EstimateMismatch], quiet_stdout: bool
-) -> int:
+) -> None:
     """The verdict under the table (on stderr beside --json, so stdout stays one JSON document)."""
     stream = sys.stderr if quiet_stdout else sys.stdout
     if not mismatches:
         print(f"golden: every row matches {golden_file}", file=stream)
-        return EXIT_OK
+        return
     print(f"golden: {len(mismatches)} figure(s) differ from {golden_file}", file=stream)
     for mismatch in mismatches:
         print(f"  {mismatch.line()}", file=stream)
-    return EXIT_FAILED

@@ -5,13 +5,11 @@ this tree cannot build, and PASS / FAIL in words."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from harness.config.revisions import collect_revisions
 from harness.golden.probe import GoldenStep, probe_refresh_command
 from harness.probe.present.coverage import unmeasured_everywhere
 from harness.probe.runner import ModelProbe, probe_errors
-from harness.report.summary import Summary
+from harness.report.summary import Summary, revision_subject
 
 # Golden outcomes in the order the block counts them (``harness.golden.probe.PassVerdict.outcome``).
 _OUTCOME_WORDS = (
@@ -22,21 +20,6 @@ _OUTCOME_WORDS = (
     ("differs", "differ"),
     ("not-written", "not written (rows raised)"),
 )
-
-
-def revision_subject(attention_backend: str | None = None) -> str:
-    """``megatron-core 0.19.2 (commit …, fingerprint …), torch 2.14.1[, CPU, unfused attention]``."""
-    revisions = collect_revisions()
-    core: dict[str, Any] = revisions["megatron_core"] or {}
-    pins = ", ".join(
-        f"{key} {str(core[key])[:16]}" for key in ("commit", "fingerprint") if core.get(key)
-    )
-    where = f", CPU, {attention_backend} attention" if attention_backend else ""
-    return (
-        f"megatron-core {core.get('version', '?')}"
-        + (f" ({pins})" if pins else "")
-        + f", torch {revisions['torch']}{where}"
-    )
 
 
 def _count(values: Sequence[str], noun: str) -> str:

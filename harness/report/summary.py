@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TextIO
+from typing import Any, Self, TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -27,6 +27,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
+from harness.config.revisions import collect_revisions
 from harness.files import check_output, write_text_atomic
 
 # The width of the key column: "unmeasured" is the longest key the commands use.
@@ -65,6 +66,21 @@ class Summary:
     @property
     def outcome(self) -> str:
         return "PASS" if self.passed else "FAIL"
+
+
+def revision_subject(attention_backend: str | None = None) -> str:
+    """``megatron-core 0.19.2 (commit …, fingerprint …), torch 2.14.1[, CPU, unfused attention]``."""
+    revisions = collect_revisions()
+    core: dict[str, Any] = revisions["megatron_core"] or {}
+    pins = ", ".join(
+        f"{key} {str(core[key])[:16]}" for key in ("commit", "fingerprint") if core.get(key)
+    )
+    where = f", CPU, {attention_backend} attention" if attention_backend else ""
+    return (
+        f"megatron-core {core.get('version', '?')}"
+        + (f" ({pins})" if pins else "")
+        + f", torch {revisions['torch']}{where}"
+    )
 
 
 def _colour(stream: TextIO) -> bool:

@@ -35,9 +35,10 @@ def test_a_comment_only_edit_is_same_behaviour_everywhere(tmp_path):
     diff = harness_on(None, "diff", "--model", "dense-tiny", str(installed.parent), str(copy))
     assert diff.returncode == 0, diff.stdout + diff.stderr
     assert "\nprobed: dense-tiny (fp32, unfused core attention)\n" in diff.stdout  # only that model
-    assert diff.stdout.rstrip().endswith(
-        "verdict: same behaviour (new fingerprint, no value changed)"
-    )
+    assert "\nverdict: same behaviour (new fingerprint, no value changed)\n" in diff.stdout
+    # The block ends the output: its last line says the verdict in words.
+    last = diff.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("PASS: same behaviour (new fingerprint, no value changed); ")
 
 
 def test_skip_final_recompute_is_measured_where_a_tree_declares_it():

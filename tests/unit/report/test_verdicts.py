@@ -1,0 +1,51 @@
+"""The verdict blocks of ``diff`` and ``estimate --check-golden``: PASS or FAIL in words, the first
+change named (harness.report.verdicts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.compare.tree_diff import TreeDiff
+from harness.golden.estimate import EstimateMismatch
+from harness.report.verdicts import diff_summary, estimate_summary
+
+
+def _side(version: str, fingerprint: str) -> dict:
+    identity = {"version": version, "commit": None, "fingerprint": fingerprint, "root": "/x"}
+    return {
+        "identity": identity,
+        "probes": [{"model": "dense-tiny", "precision": "fp32", "attention_backend": "unfused"}],
+        "adapter_drift": [],
+    }
+
+
+def test_a_new_fingerprint_with_no_value_changed_is_same_behaviour():
+    found = TreeDiff((_side("0.19.2", "a" * 16), _side("0.19.2", "b" * 16)))
+    summary = diff_summary(found, wall_s=3.0)
+    assert summary.passed
+    assert (
+        summary.lines()[0]
+        == "== diff: A megatron-core 0.19.2 (aaaaaaaaaaaa) -> B megatron-core 0.19.2 (bbbbbbbbbbbb)"
+    )
+    assert summary.lines()[-1] == "PASS: same behaviour (new fingerprint, no value changed); 3 s"
+
+
+def test_a_changed_tree_names_the_first_change_labels_before_values():
+    found = TreeDiff(
+        (_side("0.19.2", "a" * 16), _side("0.20.0", "b" * 16)),
+        labels_added=["mhc"],
+        changes=["dense-tiny (fp32) / layernorm: retained_bytes 100 -> 120"],
+    )
+    lines = diff_summary(found, wall_s=1.0).lines()
+    assert "labels     +mhc" in lines
+    assert "values     1 changed" in lines
+    assert lines[-1] == "FAIL: behaviour changed; first: label mhc added; 1 s"
+
+
+def test_an_estimate_golden_mismatch_is_named():
+    mismatch = EstimateMismatch("row 'moe'", "saving_bytes", 100, 90)
+    summary = estimate_summary("moonlight-full-8gpu", Path("g.json"), [mismatch], rows=3, wall_s=2)
+    assert not summary.passed
+    assert summary.lines()[-1].startswith(
+        "FAIL: 1 figure(s) differ; first: row 'moe': saving_bytes"
+    )
