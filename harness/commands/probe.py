@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     else:
         try:
-            with PassProgress("probe passes") as progress:
+            passes = len(names) * len(set(args.precision))
+            with PassProgress("probe passes", passes) as progress:
                 probes = probe_passes(
                     names,
                     list(dict.fromkeys(args.precision)),

@@ -104,7 +104,8 @@ class PassProgress:
     """A progress bar of finished passes on stderr when it is a terminal; nothing in a log, where the
     block says everything at the end. Used as a context manager; ``advance`` is the callback."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, total: int) -> None:
+        self._total = total
         self._bar: Progress | None = None
         self._task: TaskID | None = None
         if _colour(sys.stderr):
@@ -121,7 +122,7 @@ class PassProgress:
     def __enter__(self) -> Self:
         if self._bar is not None:
             self._bar.start()
-            self._task = self._bar.add_task("", total=None)
+            self._task = self._bar.add_task("", total=self._total)
         return self
 
     def advance(self, name: str, finished: int, total: int) -> None:
