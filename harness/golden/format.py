@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NoReturn, TypedDict
+from typing import Annotated, Any, NoReturn, NotRequired, TypedDict
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
+from harness.record.environment import canonical, environment_of_notes
 from harness.record.metrics import (
     EFFECT_METRICS,
     METRICS,
@@ -37,10 +38,12 @@ DEFAULT_PEAK_SCOPE = "all-ranks"
 
 # How a measured run actually ran, beyond its recipe: the attention back end and MoE token dispatcher
 # the ranks reported (HybridEP's buffers live outside the torch allocator, alltoall's inside: a
-# fallback shifts every peak, so it is another workload, not a regression).
+# fallback shifts every peak, so it is another workload, not a regression), and the allocator,
+# kernel, NCCL and dispatcher environment it ran with (absent from goldens written before it was).
 class WorkloadIdentity(TypedDict):
     attention_backend: str | None
     moe_dispatcher: str | None
+    environment: NotRequired[str | None]
 
 
 WORKLOAD_IDENTITY_KEYS = tuple(WorkloadIdentity.__annotations__)
@@ -175,6 +178,9 @@ def workload_identity(record: Record) -> dict[str, str | None] | None:
     return {
         "attention_backend": record.workload.attention_backend,
         "moe_dispatcher": record.workload.extra.get("moe_dispatcher"),
+        # The allocator, kernel, NCCL and dispatcher settings it ran with (harness.record.environment);
+        # a golden written before they were recorded has no such key and does not judge them.
+        "environment": canonical(environment_of_notes(record.workload.extra)) or None,
     }
 
 
