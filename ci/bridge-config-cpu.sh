@@ -1,10 +1,8 @@
 #!/usr/bin/env bash
 # The Bridge half of the GPU tier, on a CPU machine: Megatron Bridge builds every bridge recipe's row
 # configs through the harness's `bridge` back end and runs its own pre-training validation on them
-# (tests/gpu/test_bridge_config.py, including the pre-launch refusal of a row Bridge rejects), the
-# metrics callback runs on a real model and optimizer, a row after Bridge's check runs with its declared
-# environment, and every other GPU test collects (and skips, naming the GPUs it needs). .ci/run runs it
-# where .venv-bridge exists; run it on a Megatron Bridge or Megatron Core bump too.
+# (tests/gpu/test_bridge_config.py, including the pre-launch refusal of a row Bridge rejects). Run it
+# on a Megatron Bridge or Megatron Core bump, before the nightly GPU job finds out.
 #
 # Environment: .venv-bridge = .venv (torch 2.14.1+cu130, megatron-core 0.19.2, through a .pth file) +
 # Transformer Engine 2.20.2, whose torch extension is built here against the CUDA toolkit (measured:
@@ -55,5 +53,4 @@ export CUDNN_HOME="$nvidia/cudnn" NVRTC_HOME="$nvidia/cu13" CURAND_HOME="$nvidia
 export LD_LIBRARY_PATH="$nvidia/cu13/lib:$nvidia/nccl/lib:$nvidia/cudnn/lib:$nvidia/nvshmem/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$venv/bin/python" -c "import transformer_engine.pytorch, megatron.bridge" 2>/dev/null \
   || fail "Transformer Engine or Megatron Bridge does not import in $venv (delete it to rebuild)"
-# The whole GPU tier: every test collects under Bridge and TE; the runner's tests skip, naming the GPUs.
-exec "$venv/bin/python" -m pytest -m gpu tests/gpu -rs -p no:cacheprovider -n 2 "$@"
+exec "$venv/bin/python" -m pytest -m gpu tests/gpu/test_bridge_config.py -rs -p no:cacheprovider "$@"
