@@ -3,7 +3,7 @@
 #   1. bump megatron-core in pyproject.toml (./venv-run reinstalls on first use), or put the new
 #      Megatron Core first on PYTHONPATH / install it in your own environment;
 #   2. ci/golden-refresh.sh [--cpu-only] [--jobs=N] [RECIPE...]   (default recipes: the cases the nightly
-#      compares, harness/golden/nightly.py; --jobs=N: the CPU probe's passes run at once, default one
+#      compares, harness/run/nightly.py; --jobs=N: the CPU probe's passes run at once, default one
 #      per usable core);
 #   3. review the printed diffs and the summary, commit tests/golden/ (new pins get new files; old stay).
 # ci/golden-refresh.sh --all-revisions: the label manifests and CPU goldens (both attention back ends)
@@ -45,10 +45,10 @@ harness() {
 py() { if [[ -n "$python" ]]; then "$python" "$@"; else ./venv-run python "$@"; fi; }
 
 if [[ $list -eq 1 ]]; then
-  harness nightly --list; exit
+  py -m harness.run.nightly list; exit
 fi
 if [[ $cpu_only -eq 0 && ${#recipes[@]} -eq 0 ]]; then
-  mapfile -t recipes < <(harness nightly --recipes)  # the cases the nightly compares
+  mapfile -t recipes < <(py -m harness.run.nightly recipes)  # the cases the nightly compares
 fi
 
 if [[ $all_revisions -eq 1 ]]; then

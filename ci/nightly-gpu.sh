@@ -2,7 +2,7 @@
 # Nightly GPU tier (H100 runners). Runs `pytest -m gpu` (each test skips naming what the runner lacks),
 # which writes one run record per row under $RECOMPUTE_HARNESS_GPU_OUT; compares every record set with
 # the golden of its recipe x hardware x revision pins (a seed study on other pins: its card golden, by
-# effects; harness/golden/nightly.py is the one list of cases); publishes markdown + JUnit under $REPORT_DIR.
+# effects; harness/run/nightly.py is the one list of cases); publishes markdown + JUnit under $REPORT_DIR.
 #   ci/nightly-gpu.sh --list    the cases and the golden each is compared with (CASE GOLDEN, '-': none
 #                               for the installed pins); runs nothing. On a machine without a GPU the
 #                               script stops at once, in one line, exit 1.
@@ -16,7 +16,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 if [[ "${1:-}" == "--list" ]]; then
-  exec ./venv-run recompute-harness nightly --list
+  exec ./venv-run python -m harness.run.nightly list
 fi
 [[ $# -eq 0 ]] || { echo "nightly: unknown argument $1 (usage: ci/nightly-gpu.sh [--list])" >&2; exit 2; }
 gpus="$(./venv-run python -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
@@ -63,7 +63,7 @@ fi
 shopt -s nullglob
 for records in "$RECOMPUTE_HARNESS_GPU_OUT"/*/records; do
   sweep="$(basename "$(dirname "$records")")"
-  if ! judged="$(./venv-run recompute-harness nightly --judge "$records")"; then
+  if ! judged="$(./venv-run python -m harness.run.nightly golden "$records")"; then
     fail "$sweep: $judged"  # names the case, the stack's pins and the refresh command
     continue
   fi

@@ -43,7 +43,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),
     "golden": ("golden", "refresh goldens from fresh run records"),
-    "nightly": ("nightly", "the cases the nightly GPU tier compares, and the golden of each"),
     "bump": (
         "bump",
         "after a Megatron Core bump: label diff, matrix drift, CPU goldens",

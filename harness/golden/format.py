@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NoReturn, NotRequired, TypedDict
+from typing import Annotated, Any, NoReturn, TypedDict
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.record.effects import SCOPES, effects, matched_control, scoped_peaks
-from harness.record.environment import canonical, environment_of_notes
 from harness.record.metrics import (
     EFFECT_METRICS,
     METRICS,
@@ -38,12 +37,10 @@ DEFAULT_PEAK_SCOPE = "all-ranks"
 
 # How a measured run actually ran, beyond its recipe: the attention back end and MoE token dispatcher
 # the ranks reported (HybridEP's buffers live outside the torch allocator, alltoall's inside: a
-# fallback shifts every peak, so it is another workload, not a regression), and the allocator,
-# kernel, NCCL and dispatcher environment it ran with (absent from goldens written before it was).
+# fallback shifts every peak, so it is another workload, not a regression).
 class WorkloadIdentity(TypedDict):
     attention_backend: str | None
     moe_dispatcher: str | None
-    environment: NotRequired[str | None]
 
 
 WORKLOAD_IDENTITY_KEYS = tuple(WorkloadIdentity.__annotations__)
@@ -178,9 +175,6 @@ def workload_identity(record: Record) -> dict[str, str | None] | None:
     return {
         "attention_backend": record.workload.attention_backend,
         "moe_dispatcher": record.workload.extra.get("moe_dispatcher"),
-        # The allocator, kernel, NCCL and dispatcher settings it ran with (harness.record.environment);
-        # a golden written before they were recorded has no such key and does not judge them.
-        "environment": canonical(environment_of_notes(record.workload.extra)) or None,
     }
 
 

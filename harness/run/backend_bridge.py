@@ -73,7 +73,6 @@ from megatron.core.transformer.enums import AttnBackend
 from megatron.core.utils import get_model_config
 
 from harness.config.fields import RecomputeFields
-from harness.record.environment import NOTE_PREFIX, preserved_environ
 from harness.run.allocator import ignored_allocator_env
 from harness.run.instrument import Instrument
 from harness.run.recipes import Recipe, bridge_builders
@@ -483,10 +482,7 @@ def rejections(recipe: Recipe, rows: list[str]) -> dict[str, str]:
     for row in rows:
         cfg, _ = short_run(copy.deepcopy(base), recipe, row)
         try:
-            # Bridge's update applies the recipe's environment defaults to os.environ; in the caller's
-            # process they would reach every row it launches later (issue 36, defect 3).
-            with preserved_environ():
-                runtime_config_update(cfg)
+            runtime_config_update(cfg)
         except (
             Exception  # noqa: BLE001
         ) as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
@@ -507,8 +503,7 @@ def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
     apply_environment_variables(cfg)
     applied = {name: os.environ[name] for name in sorted(cfg.env_vars)}
     for name, value in applied.items():
-        instrument.note(f"{NOTE_PREFIX}{name}", value)
-    instrument.note_environment()
+        instrument.note(f"env.{name}", value)
     ignored = ignored_allocator_env(applied)
     if ignored is not None:
         instrument.note("allocator_ignored_env", ignored)

@@ -169,7 +169,6 @@ def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
         )
         model.module.train()
     # As run (the record's workload identity): the style models use MCore's local attention spec.
-    instrument.note_environment()
     instrument.note("attention_backend", "local")
     if model.config.num_moe_experts:
         instrument.note("moe_dispatcher", model.config.moe_token_dispatcher_type)

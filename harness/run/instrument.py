@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from harness.record.environment import NOTE_PREFIX, tracked_environment
 from harness.run.events import EventWriter
 from harness.run.faults import LOSS_KINDS, fault_from_env
 
@@ -137,12 +136,6 @@ class Instrument:
     def note(self, key: str, value: str) -> None:
         """A fact about how the workload actually ran (e.g. a dispatcher fallback), kept in the record."""
         self.events.emit("note", key=key, value=value)
-
-    def note_environment(self) -> None:
-        """The tracked environment this rank runs with (``harness.record.environment``), once the back end
-        has applied its own: one ``env.NAME`` note each."""
-        for name, value in tracked_environment().items():
-            self.note(f"{NOTE_PREFIX}{name}", value)
 
     def loss(self, loss: Any, iteration: int) -> Any:
         """The fault hook's chance to poison this rank's loss (identity unless a nan/inf fault is set)."""

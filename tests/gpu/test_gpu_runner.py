@@ -1,7 +1,7 @@
 """GPU tier (nightly, ``pytest -m gpu``): the runner on real GPUs, both back ends, and the seed-study
 goldens. Each test skips with the name of what the machine lacks.
 
-Two kinds of sweep, written apart: a *compared* sweep (a case of harness/golden/nightly.py) runs its
+Two kinds of sweep, written apart: a *compared* sweep (a case of harness/run/nightly.py) runs its
 recipe's full row set and is judged, inside the test and again by ci/nightly-gpu.sh, against the
 golden of its own pins (peaks, step time, TFLOP/s; no golden is a failure naming the case, the pins
 and the refresh command; a seed study on other pins is judged on effects); it lands in
@@ -18,15 +18,15 @@ import pytest
 from gates import require
 
 from harness.golden.judge import compare_effects, compare_records
-from harness.golden.nightly import (
+from harness.record.io import load_records
+from harness.report.markdown import comparison_markdown
+from harness.run.nightly import (
     NIGHTLY_CASES,
     golden_for,
     installed_pins,
     missing_golden_line,
     seed_golden,
 )
-from harness.record.io import load_records
-from harness.report.markdown import comparison_markdown
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 
@@ -59,7 +59,7 @@ def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
 
 @pytest.mark.parametrize("case", NIGHTLY_CASES, ids=lambda case: case.recipe)
 def test_nightly_case_matches_its_golden(tmp_path, case):
-    """Every case of the one list (harness/golden/nightly.py): the whole recipe, judged against the golden
+    """Every case of the one list (harness/run/nightly.py): the whole recipe, judged against the golden
     of the installed stack's exact pins; a seed study on other pins against its card golden, by
     effects. A case without a golden fails in one line before the GPUs run."""
     require(**case.needs)

@@ -1,7 +1,7 @@
 """ci/nightly-gpu.sh and ci/golden-refresh.sh on this CPU machine, for real (issue 36): without a GPU
 the nightly stops at once in one line, exit 1, writing nothing (it used to run the whole GPU test
 collection to find out); ``--list`` of both scripts prints the same cases, ``CASE GOLDEN``, from the
-one list (harness/golden/nightly.py), and runs nothing. Rehearsal step: ~10 s of processes."""
+one list (harness/run/nightly.py), and runs nothing. Rehearsal step: ~10 s of processes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.golden.nightly import NIGHTLY_CASES
+from harness.run.nightly import NIGHTLY_CASES
 
 pytestmark = pytest.mark.rehearsal
 

@@ -1,4 +1,4 @@
-"""How the nightly judges a sweep (harness/golden/nightly.py, issue 36 items 2 and 3): by the golden of
+"""How the nightly judges a sweep (harness/run/nightly.py, issue 36 items 2 and 3): by the golden of
 the records' exact pins; a seed study on other pins by its card golden's effects; a case without a
 golden fails in one line naming the case, the stack's pins and the refresh command."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 from record_samples import write_records
 
 from harness.config.revisions import collect_revisions
-from harness.golden.nightly import NIGHTLY_CASES, judgement, missing_golden_line, nightly_case
 from harness.record.io import load_records
 from harness.record.model import Revisions
+from harness.run.nightly import NIGHTLY_CASES, judgement, missing_golden_line, nightly_case
 from harness.run.recipes import load_recipe
 
 SEED_RECORDS = (

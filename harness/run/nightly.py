@@ -9,16 +9,21 @@ study (its golden transcribed from the skill card, pinned to the card's revision
 pins' golden where one exists, and otherwise on *effects*: each row against the matched ``[]``
 control of the same night, against the card's effects (``harness.golden.judge.compare_effects``).
 
-``recompute-harness nightly`` prints them (harness/commands/nightly.py).
+    python -m harness.run.nightly list       # CASE GOLDEN, one a line ('-': no golden for these pins)
+    python -m harness.run.nightly recipes    # the recipes, one a line (golden-refresh.sh's default)
+    python -m harness.run.nightly golden RECORDS   # how ci/nightly-gpu.sh judges a sweep's records:
+        # "exact PATH" or "effects PATH"; exit 1 with the one line that names what is missing
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.config.revisions import collect_revisions
+from harness.errors import UsageError
 from harness.golden.format import Golden, pins_differences
 from harness.golden.seed import PROVENANCE_SOURCE
 from harness.golden.store import golden_root, goldens_of
@@ -133,3 +138,26 @@ def judgement(records_dir: Path, root: Path | None = None) -> tuple[str, str]:
     if seed is not None:
         return "effects", str(seed[0])
     return "missing", missing_golden_line(case, pins)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "golden":
+        how, what = judgement(Path(argv[1]))
+        print(what if how == "missing" else f"{how} {what}")
+        return 1 if how == "missing" else 0
+    if argv == ["list"]:
+        print("\n".join(listing()))
+        return 0
+    if argv == ["recipes"]:
+        print("\n".join(case.recipe for case in NIGHTLY_CASES))
+        return 0
+    print("usage: python -m harness.run.nightly list|recipes|golden RECORDS", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UsageError as exc:
+        print(f"nightly: {exc}", file=sys.stderr)
+        sys.exit(2)
