@@ -76,20 +76,6 @@ def test_wrong_interpreters_are_one_line_exit_2(tmp_path):
         assert result.stdout == ""
 
 
-@pytest.mark.slow
-def test_pytest_in_an_environment_without_the_test_plugins_is_one_line_exit_2(tmp_path):
-    # Issue 36 defect 6: the nightly installs the project --no-deps into the NeMo image; pytest then
-    # stopped before collecting anything (addopts' --dist needs pytest-xdist, conftest.py hypothesis).
-    bare = tmp_path / "bare"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    python = str(bare / "bin" / "python")
-    tests = _venv_run(python, "pytest", "-m", "gpu")
-    assert tests.returncode == 2 and tests.stderr.count("\n") == 1, tests.stderr
-    assert "pytest, pytest-xdist, hypothesis" in tests.stderr
-    harness = _venv_run(python, "recompute-harness", "revisions")
-    assert harness.returncode == 2 and "pytest-xdist" not in harness.stderr
-
-
 def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_nothing(tmp_path):
     """The CI machine once had 5 GB free: pip died mid-install with a traceback. A 32 MiB disk stands in
     for it; the checkout's set-up files are copied onto it."""
