@@ -17,9 +17,8 @@ release branch):
 Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
 data, evaluation off, Bridge's own log (and its barrier) past the last step (``log_interval``), checkpoint save/load off (the recipe's default checkpoint
 directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
-the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end cannot
-run the row: its package (DeepEP / HybridEP / TE's NCCL EP) is missing, or the row's expert TPxEP
-group is a single rank, which those back ends assert against — recorded as a note in the run record.
+the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
+package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
 
 Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
 connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
@@ -312,50 +311,24 @@ RECIPES = {
 }  # = recipes.BRIDGE_RECIPES
 
 
-def flex_group_size(model: Any) -> int:
-    """The size of the group the flex dispatcher's back end communicates over: MCore's ``tp_ep_group``,
-    expert tensor parallel x expert parallel (expert TP defaults to TP, as MCore's config sets it)."""
-    expert_tp = getattr(model, "expert_tensor_parallel_size", None)
-    tp = expert_tp if expert_tp is not None else model.tensor_model_parallel_size
-    return int(tp) * int(model.expert_model_parallel_size)
-
-
-def flex_backend_unusable(
-    backend: str | None, group_size: int, installed: dict[str, bool]
-) -> str | None:
-    """Why the flex dispatcher's ``backend`` cannot run this row, or None when it can. Its package must
-    import, and its group must hold more than one rank: MCore's ``MoEFlexTokenDispatcher`` asserts
-    TPxEP > 1 for DeepEP and NCCL EP (``token_dispatcher.py``), and HybridEP's buffer asserts the same of
-    its group in the first dispatch; a shortened 1-GPU row has a group of one."""
-    if backend not in installed:
-        return None  # another back end, or none named: nothing known to check
-    if not installed[backend]:
-        return "its package is missing on this machine"
-    if group_size <= 1:
-        return f"it needs an expert TPxEP group above 1, and this row's is {group_size}"
-    return None
-
-
 def _dispatcher_fallback(cfg: Any) -> str | None:
-    """Fall back to ``alltoall`` when the flex dispatcher's back end cannot run the row (its package
-    missing, or a group of one rank); the request and why, for the record (the dispatcher the run
-    has is noted at training start, ``RankMetrics``)."""
+    """Fall back to ``alltoall`` when the flex dispatcher's back-end package is missing; the request, for
+    the record (the dispatcher the run has is noted at training start, ``RankMetrics``)."""
     from megatron.core.transformer.moe import fused_a2a
 
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
         return None
     backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
-    installed = {
+    available = {
         "deepep": fused_a2a.HAVE_DEEP_EP,
         "hybridep": fused_a2a.HAVE_HYBRIDEP,
         "ncclep": fused_a2a.HAVE_TE_EP,
-    }
-    why = flex_backend_unusable(backend, flex_group_size(cfg.model), installed)
-    if why is None:
+    }.get(backend or "", True)  # another backend, or none named: nothing to check
+    if available:
         return None
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.model.moe_flex_dispatcher_backend = None
-    return f"flex/{backend} ({why})"
+    return f"flex/{backend} (its package is missing on this machine)"
 
 
 # HybridEP (DeepEP's hybrid_ep buffer, through MCore's flex dispatcher) reads how many EP ranks share one

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -604,51 +603,3 @@ def test_a_late_iterations_growth_shows_in_its_own_peak_under_an_early_transient
         40 * GIB,
         40 * GIB,
     )  # the headline goldens hold is unchanged: the high-water mark after iterations 2 and last
-
-
-def _flex_config(backend: str, ep: int):
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    # Bridge's ConfigContainer holds the model config as ``.model``; the model config is MCore's own.
-    model = TransformerConfig(
-        num_layers=2,
-        hidden_size=64,
-        num_attention_heads=4,
-        num_moe_experts=8,
-        moe_token_dispatcher_type="flex",
-        moe_flex_dispatcher_backend=backend,
-        moe_router_dtype="fp32",
-        use_cpu_initialization=True,
-    )
-    model.expert_model_parallel_size = ep  # the row's layout, as short_run sets it
-    return SimpleNamespace(model=model)
-
-
-@pytest.mark.parametrize("backend", ["hybridep", "deepep"])
-def test_an_installed_flex_back_end_falls_back_at_a_group_of_one(monkeypatch, backend):
-    # Issue 36 defect 2: with HybridEP installed, nemotron-3-nano-short-1gpu kept flex/hybridep at EP 1,
-    # and its first dispatch asserts a group above 1. The fallback follows what the back end can do at
-    # the row's TPxEP size, not only whether its package imports.
-    from megatron.core.transformer.moe import fused_a2a
-
-    from harness.run.backend_bridge import _dispatcher_fallback
-
-    monkeypatch.setattr(fused_a2a, "HAVE_HYBRIDEP", True)  # the package present on the GPU image
-    monkeypatch.setattr(fused_a2a, "HAVE_DEEP_EP", True)
-    one = _flex_config(backend, ep=1)
-    assert _dispatcher_fallback(one) == (
-        f"flex/{backend} (it needs an expert TPxEP group above 1, and this row's is 1)"
-    )
-    assert (one.model.moe_token_dispatcher_type, one.model.moe_flex_dispatcher_backend) == (
-        "alltoall",
-        None,
-    )
-    eight = _flex_config(backend, ep=8)
-    assert _dispatcher_fallback(eight) is None
-    assert eight.model.moe_token_dispatcher_type == "flex"
-    monkeypatch.setattr(fused_a2a, "HAVE_HYBRIDEP", False)
-    monkeypatch.setattr(fused_a2a, "HAVE_DEEP_EP", False)
-    missing = _flex_config(backend, ep=8)
-    assert (
-        _dispatcher_fallback(missing) == f"flex/{backend} (its package is missing on this machine)"
-    )
