@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Nightly GPU tier (H100 runners). Runs `pytest -m gpu` (each test skips naming what the runner lacks),
 # which writes one run record per row under $RECOMPUTE_HARNESS_GPU_OUT; compares every record set with
-# the golden of its recipe x hardware x revision pins (a seed study on other pins: its card golden, by
-# effects; harness/run/nightly.py is the one list of cases); publishes markdown + JUnit under $REPORT_DIR.
-#   ci/nightly-gpu.sh --list    the cases and the golden each is compared with (CASE GOLDEN, '-': none
-#                               for the installed pins); runs nothing. On a machine without a GPU the
-#                               script stops at once, in one line, exit 1.
+# the golden of its recipe x hardware x revision pins; publishes markdown + JUnit under $REPORT_DIR.
 # Exit status: non-zero when a GPU test failed, a comparison failed, a record set has no golden, no GPU
 # test ran (all skipped: a runner whose driver or image is broken is no green night), or no record was
 # written; each said in one line on stderr and in summary.md. Partial and fault sweeps (scratch/) are
@@ -15,15 +11,6 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-if [[ "${1:-}" == "--list" ]]; then
-  exec ./venv-run python -m harness.run.nightly list
-fi
-[[ $# -eq 0 ]] || { echo "nightly: unknown argument $1 (usage: ci/nightly-gpu.sh [--list])" >&2; exit 2; }
-gpus="$(./venv-run python -c 'import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)' 2>/dev/null || echo 0)"
-if [[ "$gpus" == 0 ]]; then
-  echo "nightly: no CUDA device visible on $(hostname): the GPU tier needs GPUs (ci/nightly-gpu.sh --list shows its cases)" >&2
-  exit 1
-fi
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
 export RECOMPUTE_HARNESS_GPU_OUT="${RECOMPUTE_HARNESS_GPU_OUT:-$root/runs/nightly-$stamp}"
 report="${REPORT_DIR:-$RECOMPUTE_HARNESS_GPU_OUT/report}"
@@ -63,14 +50,13 @@ fi
 shopt -s nullglob
 for records in "$RECOMPUTE_HARNESS_GPU_OUT"/*/records; do
   sweep="$(basename "$(dirname "$records")")"
-  if ! judged="$(./venv-run python -m harness.run.nightly golden "$records")"; then
-    fail "$sweep: $judged"  # names the case, the stack's pins and the refresh command
+  golden="$(./venv-run python -m harness.golden.store "$records")"
+  if [[ ! -f "$golden" ]]; then
+    echo "no golden for $sweep: expected $golden (refresh with ci/golden-refresh.sh)" | tee -a "$report/summary.md"
+    status=1
     continue
   fi
-  read -r how golden <<< "$judged"
-  effects=()
-  [[ "$how" == effects ]] && effects=(--effects-only)  # a seed study on other pins: effects only
-  ./venv-run recompute-harness compare "${effects[@]}" --golden "$golden" "$records" > "$report/$sweep-compare.md" || status=1
+  ./venv-run recompute-harness compare --golden "$golden" "$records" > "$report/$sweep-compare.md" || status=1
   ./venv-run recompute-harness analyze "$records" --plot "$report/$sweep.png" > "$report/$sweep-analysis.md" || status=1
   echo "$sweep: $(head -n 1 "$report/$sweep-compare.md")" >> "$report/summary.md"
 done

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.commands.options import add_golden_dir, note_unmeasured
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
-from harness.golden.judge import compare_effects, compare_records, missing_golden_message
+from harness.golden.judge import compare_records, missing_golden_message
 from harness.golden.store import existing, golden_root, load_golden, resolve_golden
 from harness.record.io import load_records
 from harness.report.json_report import comparison_json, dumps
@@ -29,17 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the comparison as JSON instead of markdown"
     )
-    parser.add_argument(
-        "--effects-only",
-        action="store_true",
-        help="judge each row's effect against the records' own [] control only, across revision "
-        "pins (a seed study's card golden on another stack); needs --golden FILE",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.effects_only and (args.golden is None or args.golden.is_dir()):
-        raise UsageError("--effects-only judges against one golden: name it with --golden FILE")
     records = load_records(args.records)
     note_unmeasured(args.records)
     path = resolve_golden(
@@ -48,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if path != args.golden and not path.is_file():  # picked by the records' pins, and absent
         raise UsageError(missing_golden_message(records, path))
     golden = load_golden(path)
-    judge = compare_effects if args.effects_only else compare_records
-    comparison = judge(golden, records, str(path))
+    comparison = compare_records(golden, records, str(path))
     if args.json:
         print(dumps(comparison_json(comparison)))
     else:

@@ -55,9 +55,6 @@ class Comparison:
     golden_path: str
     recipe: str
     checks: list[MetricCheck] = field(default_factory=list)
-    # Set by ``compare_effects``: the golden's pins and the records' differ, so only effects were
-    # judged; both revision sets, for the report.
-    effect_only: tuple[str, str] | None = None
 
     @property
     def passed(self) -> bool:
@@ -276,38 +273,3 @@ def compare_records(
             )
         )
     return comparison
-
-
-# What an effect-only comparison keeps: each row's effect against its matched [] control, its outcome
-# (completed, or the stage it failed in) and whether it was measured at all.
-_EFFECT_CHECKS = frozenset({*EFFECT_METRICS, "outcome", "row"})
-
-
-def compare_effects(golden: Golden, records: Sequence[Record], golden_path: str) -> Comparison:
-    """Judge ``records`` against a golden of *other* revision pins (a seed study, transcribed from the
-    skill card, on tonight's stack) by effects alone: each row's saving and cost against the ``[]``
-    control of the records' own sweep, and its pass/OOM stage, with the golden's effect tolerances
-    (docs/goldens.md says why those). Absolute values belong to a golden of the exact pins and are
-    not judged. ``UsageError`` when the golden holds no effects or the records have no control."""
-    if not golden.judges_effects:
-        raise UsageError(
-            f"{golden_path} holds no effects: across revisions only effects can be compared"
-        )
-    full = compare_records(golden, records, golden_path, across_pins=True)
-    record_pins = records[0].pins() if records else {}
-    return Comparison(
-        golden_path=golden_path,
-        recipe=golden.recipe,
-        checks=[check for check in full.checks if check.metric in _EFFECT_CHECKS],
-        effect_only=(_pins_text(golden.pins), _pins_text(record_pins)),
-    )
-
-
-def _pins_text(pins: dict[str, Any]) -> str:
-    core = pins.get("megatron_core") or {}
-    bridge = pins.get("megatron_bridge") or {}
-    core_pin = core.get("commit") or f"{core.get('version')}-{core.get('fingerprint')}"
-    bridge_pin = bridge.get("commit") or bridge.get("version")
-    return f"megatron-core {str(core_pin)[:24]}" + (
-        f", megatron-bridge {str(bridge_pin)[:12]}" if bridge else ""
-    )

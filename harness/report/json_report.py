@@ -18,9 +18,6 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "golden": comparison.golden_path,
         "recipe": comparison.recipe,
         "passed": comparison.passed,
-        "effect_only": None
-        if comparison.effect_only is None
-        else {"golden_pins": comparison.effect_only[0], "record_pins": comparison.effect_only[1]},
         "checks": [asdict(check) for check in comparison.checks],
     }
 

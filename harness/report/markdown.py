@@ -79,16 +79,8 @@ def comparison_markdown(comparison: Comparison) -> str:
         )
         for c in comparison.checks
     ]
-    scope = ""
-    if comparison.effect_only is not None:
-        golden_pins, record_pins = comparison.effect_only
-        scope = (
-            f"effect-only: the golden is pinned to {golden_pins}, the records to {record_pins}; "
-            "each row's effect against its [] control is judged, absolute values are not\n\n"
-        )
     return (
         f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
-        + scope
         + table(("row", "metric", "golden", "actual", "Δ", "tolerance", "verdict"), rows)
     )
 

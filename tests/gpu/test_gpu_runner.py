@@ -1,11 +1,9 @@
 """GPU tier (nightly, ``pytest -m gpu``): the runner on real GPUs, both back ends, and the seed-study
 goldens. Each test skips with the name of what the machine lacks.
 
-Two kinds of sweep, written apart: a *compared* sweep (a case of harness/run/nightly.py) runs its
-recipe's full row set and is judged, inside the test and again by ci/nightly-gpu.sh, against the
-golden of its own pins (peaks, step time, TFLOP/s; no golden is a failure naming the case, the pins
-and the refresh command; a seed study on other pins is judged on effects); it lands in
-``$RECOMPUTE_HARNESS_GPU_OUT``.
+Two kinds of sweep, written apart: a *compared* sweep runs its recipe's full row set and is judged,
+inside the test and again by ci/nightly-gpu.sh, against the golden of its own pins (peaks, step time,
+TFLOP/s; no golden is a failure naming the file expected); it lands in ``$RECOMPUTE_HARNESS_GPU_OUT``.
 Partial-row and fault-injection sweeps measure what no golden holds; they land in its ``scratch/``,
 which the nightly's comparison never reads."""
 
@@ -17,16 +15,7 @@ from pathlib import Path
 import pytest
 from gates import require
 
-from harness.golden.judge import compare_effects, compare_records
 from harness.record.io import load_records
-from harness.report.markdown import comparison_markdown
-from harness.run.nightly import (
-    NIGHTLY_CASES,
-    golden_for,
-    installed_pins,
-    missing_golden_line,
-    seed_golden,
-)
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 
@@ -57,27 +46,20 @@ def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
         assert result.record.run_metrics.nan_iterations == 0
 
 
-@pytest.mark.parametrize("case", NIGHTLY_CASES, ids=lambda case: case.recipe)
-def test_nightly_case_matches_its_golden(tmp_path, case):
-    """Every case of the one list (harness/run/nightly.py): the whole recipe, judged against the golden
-    of the installed stack's exact pins; a seed study on other pins against its card golden, by
-    effects. A case without a golden fails in one line before the GPUs run."""
-    require(**case.needs)
-    pins = installed_pins()
-    exact = golden_for(case, pins)
-    seed = seed_golden(case) if exact is None and case.seed_study else None
-    if exact is None and seed is None:
-        pytest.fail(missing_golden_line(case, pins), pytrace=False)
-    recipe = load_recipe(case.recipe)
+def test_mcore_backend_one_gpu(tmp_path, recompute_golden):
+    require(gpus=1)
+    recipe = load_recipe("mcore-moonlight-1gpu")
     directory, results = run_sweep(recipe, _compared(tmp_path))
+    _assert_complete_with_per_rank_peaks(results, 1)
     assert len(load_records([directory / "records"])) == len(recipe.rows)
-    records = [result.record for result in results]
-    if exact is not None:
-        comparison = compare_records(exact[1], records, str(exact[0]))
-    else:
-        assert seed is not None
-        comparison = compare_effects(seed[1], records, str(seed[0]))
-    assert comparison.passed, comparison_markdown(comparison)
+    recompute_golden.check([result.record for result in results])  # peaks, step time, TFLOP/s
+
+
+def test_mcore_backend_expert_parallel_two_gpus(tmp_path, recompute_golden):
+    require(gpus=2)
+    _, results = run_sweep(load_recipe("mcore-moonlight-2gpu"), _compared(tmp_path))
+    _assert_complete_with_per_rank_peaks(results, 2)
+    recompute_golden.check([result.record for result in results])  # peaks, step time, TFLOP/s
 
 
 def test_injected_oom_on_gpu_is_classified(tmp_path):
@@ -101,7 +83,9 @@ def test_injected_oom_on_gpu_is_classified(tmp_path):
     "recipe_name, needs",
     [
         ("moonlight-short-1gpu", {"gpus": 1, "te": True, "bridge": True}),
+        ("moonlight-short-8gpu", {"gpus": 8, "te": True, "bridge": True}),
         ("nemotron-3-nano-short-1gpu", {"gpus": 1, "te": True, "mamba": True, "bridge": True}),
+        ("nemotron-3-nano-short-8gpu", {"gpus": 8, "te": True, "mamba": True, "bridge": True}),
     ],
 )
 def test_bridge_short_recipes(tmp_path, recipe_name, needs):
@@ -115,3 +99,36 @@ def test_bridge_short_recipes(tmp_path, recipe_name, needs):
         extra = result.record.workload.extra
         assert "env.PYTORCH_CUDA_ALLOC_CONF" in extra and "env_applied_after_cuda_init" not in extra
         assert result.record.hardware.device != "unidentified"
+
+
+def test_moonlight_seed_study_matches_its_golden(tmp_path):
+    require(gpus=8, sm="9.0", te=True, bridge=True)
+    from harness.config.revisions import collect_revisions
+    from harness.golden.format import pins_differences
+    from harness.golden.judge import compare_records
+    from harness.golden.store import golden_root, goldens_of
+    from harness.record.model import Revisions
+
+    # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold
+    # only where the installed stack matches a golden's pins (the commit, or version + source fingerprint).
+    installed = Revisions.from_json(collect_revisions()).pins()
+    candidates = goldens_of(
+        "moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root()
+    )
+    matching = [
+        (path, golden) for path, golden in candidates if not pins_differences(golden, installed)
+    ]
+    if (
+        not matching
+    ):  # checked before 8 GPUs run for an hour: a night without a golden judges nothing
+        pinned = sorted(str(golden.pins["megatron_core"]) for _, golden in candidates)
+        pytest.fail(
+            f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
+            f"bridge {installed['megatron_bridge']}; pinned: {pinned} (write one with "
+            "ci/golden-refresh.sh)",
+            pytrace=False,
+        )
+    ((golden_path, golden),) = matching
+    _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _compared(tmp_path))
+    comparison = compare_records(golden, [r.record for r in results], str(golden_path))
+    assert comparison.passed, [check.verdict for check in comparison.failures]
