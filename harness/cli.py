@@ -39,6 +39,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "estimate",
         "per-rank retained bytes of each row of a GPU recipe, measured on CPU MCore layers",
     ),
+    "plan": (
+        "plan",
+        "per-rank whole-step peak of each recompute row, fit to a budget, and the cheapest that fits",
+    ),
     "compare": ("compare", "compare run records with a golden"),
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),

@@ -36,6 +36,7 @@ PACKAGED_ROOT = Path(__file__).resolve().parents[1] / "data" / "golden"
 CPU_SUBDIR = "cpu"
 LABELS_SUBDIR = "labels"
 ESTIMATE_SUBDIR = "estimate"  # `estimate --write-golden` files (not run goldens: harness.estimate)
+CAPACITY_SUBDIR = "capacity"  # `plan --write-golden` files (harness.plan)
 
 
 def golden_root(option: Path | str | None = None) -> Path:
@@ -143,6 +144,19 @@ def estimate_golden_path(
     version, fingerprint = megatron_core.get("version"), megatron_core.get("fingerprint")
     return estimate_dir(golden_root(root)) / file_name(
         recipe, attention_backend, f"mcore-{version}-{fingerprint}"
+    )
+
+
+def capacity_golden_path(
+    recipe: str, attention_backend: str, megatron_core: dict[str, Any], root: Path | None = None
+) -> Path:
+    """``<golden root>/capacity/<recipe>__<attention>__mcore-<version>-<fingerprint>.json``: a plan
+    is of the estimate's measurements plus the model built at those pins, so the same pins."""
+    version, fingerprint = megatron_core.get("version"), megatron_core.get("fingerprint")
+    return (
+        golden_root(root)
+        / CAPACITY_SUBDIR
+        / file_name(recipe, attention_backend, f"mcore-{version}-{fingerprint}")
     )
 
 

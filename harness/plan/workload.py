@@ -1,0 +1,155 @@
+"""What ``plan`` models: the model, its layout, batch, precision and the training settings that set
+memory (the optimizer and gradient buffers), from a recipe or from Megatron-LM flags."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+
+from harness.errors import UsageError
+from harness.estimate.model import Architecture, architecture
+from harness.run.recipes import Parallelism, Recipe
+
+# Training settings of the bridge recipes the harness ships, as Megatron Bridge's recipes set them
+# (src/megatron/bridge/recipes/{moonlight,nemotronh}/...: `cfg.ddp`, `cfg.optimizer`,
+# `cfg.mixed_precision`, `cross_entropy_fusion_impl`). Moonlight: distributed optimizer,
+# precision-aware (fp32 main parameters, bf16 gradients and Adam moments), TE cross entropy (in place
+# on the bf16 logits). Nemotron 3 Nano: distributed optimizer, fp32 main gradients and moments,
+# MCore's native fused cross entropy (an fp32 copy of the logits). Both output layers are untied.
+BRIDGE_TRAINING: dict[str, dict[str, object]] = {
+    "moonlight_16b": {
+        "distributed_optimizer": True,
+        "grad_reduce_in_fp32": False,
+        "moment_bytes": 2,
+        "cross_entropy_fp32_copy": False,
+    },
+    "nemotron_3_nano": {
+        "distributed_optimizer": True,
+        "grad_reduce_in_fp32": True,
+        "moment_bytes": 4,
+        "cross_entropy_fp32_copy": True,
+    },
+}
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """One training job as memory sees it (per-rank shapes follow from these)."""
+
+    name: str
+    arch: Architecture
+    world_size: int
+    parallelism: Parallelism
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    precision: str  # parameter dtype: bf16, fp16, fp32
+    vocab_size: int
+    untie_embeddings: bool
+    distributed_optimizer: bool
+    grad_reduce_in_fp32: bool
+    attention_backend: str  # the estimate's CPU core attention: fused / unfused
+    fp8: str | None = None  # Megatron-LM --fp8-recipe when FP8 is on
+    moment_bytes: int = 4  # Adam exp_avg / exp_avg_sq dtype (2: precision-aware bf16 moments)
+    # MCore's cross entropy (native, fused or not) works on an fp32 copy of the logits; TE's works in
+    # place on them.
+    cross_entropy_fp32_copy: bool = True
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return self.parallelism.tp > 1
+
+    @property
+    def data_parallel(self) -> int:
+        return self.parallelism.data_parallel(self.world_size)
+
+    @property
+    def expert_data_parallel(self) -> int:
+        return self.parallelism.expert_data_parallel(self.world_size)
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.data_parallel)
+
+
+def _bridge_vocab(recipe: Recipe) -> tuple[int, bool]:
+    """(vocabulary, untied) of a shipped bridge recipe's model."""
+    if recipe.backend_options.get("recipe") == "moonlight_16b":
+        text = (
+            resources.files("harness")
+            .joinpath("data", "bridge", "moonlight-16b-a3b.json")
+            .read_text(encoding="utf-8")
+        )
+        hf = json.loads(text)
+        return int(hf["vocab_size"]), not hf["tie_word_embeddings"]
+    return int(recipe.backend_options["vocab_size"]), True
+
+
+def workload_from_recipe(recipe: Recipe) -> TrainingJob:
+    """A GPU recipe's workload; a usage error for what the plan cannot model."""
+    from harness.estimate.estimate import attention_backend_for
+
+    where = f"recipe {recipe.name!r}"
+    if recipe.device != "cuda":
+        raise UsageError(f"{where} is a CPU recipe: plan models GPU recipes")
+    if recipe.parallelism.cp != 1:
+        raise UsageError(f"{where}: context parallel {recipe.parallelism.cp} is not modelled")
+    arch = architecture(recipe)
+    if recipe.backend == "bridge":
+        training = BRIDGE_TRAINING[recipe.backend_options["recipe"]]
+        vocab, untied = _bridge_vocab(recipe)
+        distributed = bool(training["distributed_optimizer"])
+        fp32_grads = bool(training["grad_reduce_in_fp32"])
+        moment_bytes = int(str(training["moment_bytes"]))
+        fp32_copy = bool(training["cross_entropy_fp32_copy"])
+    else:
+        options = recipe.backend_options
+        vocab = arch.style.vocab_size
+        untied = bool(options.get("untie_embeddings_and_output_weights", False))
+        distributed = bool(options.get("use_distributed_optimizer", False))
+        fp32_grads = bool(options.get("accumulate_allreduce_grads_in_fp32", False))
+        moment_bytes, fp32_copy = 4, True
+    workload = TrainingJob(
+        name=recipe.name,
+        arch=arch,
+        world_size=recipe.world_size,
+        parallelism=recipe.parallelism,
+        seq_length=recipe.seq_length,
+        micro_batch_size=recipe.micro_batch_size,
+        global_batch_size=recipe.global_batch_size,
+        precision=recipe.precision,
+        vocab_size=vocab,
+        untie_embeddings=untied,
+        distributed_optimizer=distributed,
+        grad_reduce_in_fp32=fp32_grads,
+        attention_backend=attention_backend_for(recipe, None),
+        fp8=recipe.backend_options.get("fp8_recipe"),
+        moment_bytes=moment_bytes,
+        cross_entropy_fp32_copy=fp32_copy,
+    )
+    check_layout(workload, where)
+    return workload
+
+
+def check_layout(workload: TrainingJob, where: str) -> None:
+    """Refuse a layout MCore would refuse: sizes that do not divide the world or the layers."""
+    layout = workload.parallelism
+    world = workload.world_size
+    if world % (layout.tp * layout.pp * layout.cp) or world % (
+        layout.expert_tp * layout.ep * layout.pp
+    ):
+        raise UsageError(
+            f"{where}: world size {world} is not a multiple of TP x PP x CP and ETP x EP x PP"
+        )
+    chunks = layout.pp * (layout.vpp or 1)
+    if workload.arch.config["num_layers"] % chunks:
+        raise UsageError(
+            f"{where}: {workload.arch.config['num_layers']} layers do not split evenly over "
+            f"{chunks} pipeline chunks"
+        )
+    if workload.global_batch_size % (workload.micro_batch_size * workload.data_parallel):
+        raise UsageError(
+            f"{where}: global batch {workload.global_batch_size} is not a multiple of micro-batch "
+            f"x data parallel ({workload.micro_batch_size} x {workload.data_parallel})"
+        )
