@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,8 @@ from harness.golden.store import capacity_golden_path, existing, golden_root, wr
 from harness.plan.plan import DEFAULT_BUDGET_GB, candidate_rows, estimate_golden, plan
 from harness.plan.workload import workload_from_recipe
 from harness.report.capacity import plan_table, plot_plan
+from harness.report.summary import print_summary
+from harness.report.verdicts import plan_summary
 from harness.run.recipes import load_recipe
 
 
@@ -41,6 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     if args.budget_gb <= 0:
         raise UsageError(f"--budget-gb must be positive, got {args.budget_gb}")
     recipe = load_recipe(args.recipe)
@@ -70,19 +74,27 @@ def run(args: argparse.Namespace) -> int:
     if args.write_golden:
         written = write_capacity(result, target)
         print(f"{'wrote' if written else 'unchanged'} {target}", file=sys.stderr)
+    stream = sys.stderr if args.json else sys.stdout
+    golden_line = None
+    exit_code = EXIT_OK
     if golden is not None:
         mismatches = judge_capacity(golden, result)
-        stream = sys.stderr if args.json else sys.stdout
         if not mismatches:
             print(f"golden: the plan matches {target}", file=stream)
-            return EXIT_OK
-        print(f"golden: {len(mismatches)} figure(s) differ from {target}", file=stream)
-        for mismatch in mismatches:
-            print(f"  {mismatch.line()}", file=stream)
-        return EXIT_FAILED
-    return EXIT_OK
+            golden_line = f"matches {target.name}"
+        else:
+            print(f"golden: {len(mismatches)} figure(s) differ from {target}", file=stream)
+            for mismatch in mismatches:
+                print(f"  {mismatch.line()}", file=stream)
+            golden_line = f"{len(mismatches)} figure(s) differ; first: {mismatches[0].line()}"
+            exit_code = EXIT_FAILED
+    summary = plan_summary(
+        recipe.name, result, wall_s=time.monotonic() - started, golden_line=golden_line
+    )
+    print_summary(summary, stream)
+    return exit_code
 
 
 def _print_plan(result: dict[str, Any], as_json: bool) -> None:
-    """The plan on stdout: one JSON document, or the table (the verdict block goes here)."""
+    """The plan on stdout: one JSON document, or the table (the verdict block follows it)."""
     print(json.dumps(result, indent=2) if as_json else plan_table(result))

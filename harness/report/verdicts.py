@@ -91,3 +91,39 @@ def estimate_summary(
         summary.add("golden", "every figure matches")
         summary.verdict = "every row's estimate matches its golden"
     return summary
+
+
+def plan_summary(
+    recipe: str, result: dict[str, Any], *, wall_s: float, golden_line: str | None = None
+) -> Summary:
+    """``plan``'s block: the rows judged by status, the chosen row (or that none fits), and the
+    capacity golden's verdict when it was judged."""
+    rows = result["rows"]
+    statuses: dict[str, int] = {}
+    for row in rows:
+        kind = "fits" if row.get("fits") else str(row["status"]).split(" ")[0]
+        statuses[kind] = statuses.get(kind, 0) + 1
+    chosen = result.get("chosen")
+    summary = Summary(
+        command=f"plan --recipe {recipe}",
+        subject=revision_subject(),
+        passed=chosen is not None and (golden_line is None or golden_line.startswith("matches")),
+        verdict="",
+        wall_s=wall_s,
+    )
+    budget = result["budget_bytes"] / 1e9
+    summary.add(
+        "judged",
+        f"{len(rows)} rows against {budget:.2f} GB per GPU: "
+        + ", ".join(f"{count} {kind}" for kind, count in statuses.items()),
+    )
+    summary.add("chosen", chosen or "none: no row fits the budget with the margin")
+    if golden_line is not None:
+        summary.add("golden", golden_line)
+    if chosen is None:
+        summary.verdict = f"no row of {recipe} fits {budget:.2f} GB"
+    elif golden_line is not None and not golden_line.startswith("matches"):
+        summary.verdict = f"the plan differs from its capacity golden: {golden_line}"
+    else:
+        summary.verdict = f"{chosen} is the cheapest row that fits {budget:.2f} GB"
+    return summary
