@@ -90,6 +90,13 @@ class Golden:
     )
     # CPU probes: the accepted labels the model does not exercise, with why (harness.probe.present.coverage).
     unmeasured: list[dict[str, Any]] | None = None
+    # The variables that change allocator, dispatcher, kernels or graphs, as the golden's runs had them
+    # (a record's ``workload.environment``): pinned like the revisions. None (no key) in goldens written
+    # before environments were recorded and in transcribed ones: their runs' environment is unknown,
+    # so it is not judged (``compare_records`` says so in a line of its own).
+    environment: dict[str, str] | None = field(
+        default=None, metadata=rules(shape=dict[str, str] | None)
+    )
 
     @classmethod
     def from_json(cls, data: Any, source: str) -> Golden:
@@ -116,6 +123,7 @@ class Golden:
             data.get("peak_scope"),
             None if data.get("workload") is None else dict(data["workload"]),
             None if unmeasured is None else [dict(entry) for entry in unmeasured],
+            None if data.get("environment") is None else dict(data["environment"]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -127,6 +135,7 @@ class Golden:
             "hardware": dict(self.hardware),
             "pins": self.pins,
             **({} if self.workload is None else {"workload": dict(self.workload)}),
+            **({} if self.environment is None else {"environment": dict(self.environment)}),
         }
         if self.peak_scope is not None:
             data["peak_scope"] = self.peak_scope
@@ -220,7 +229,47 @@ def identity_differences(golden: Golden, record: Record) -> list[str]:
     for key, value in (golden.workload or {}).items():
         if as_run.get(key) != value:
             differences.append(f"workload.{key} {value} != {as_run.get(key)}")
-    return differences + pins_differences(golden, record.pins())
+    return (
+        differences
+        + environment_pin_differences(golden, record)
+        + pins_differences(golden, record.pins())
+    )
+
+
+def environment_pin_differences(golden: Golden, record: Record) -> list[str]:
+    """Where ``record`` ran with another environment than the one ``golden`` is pinned to (nothing when
+    the golden pins none); a record that kept none cannot be shown to match one."""
+    if golden.environment is None:
+        return []
+    actual = record.workload.environment
+    if actual is None:
+        return [
+            "environment: the golden pins one, the record kept none (written before environments)"
+        ]
+    return [
+        f"environment.{name} {golden.environment.get(name, '<unset>')} != {actual.get(name, '<unset>')}"
+        for name in sorted(set(golden.environment) | set(actual))
+        if golden.environment.get(name) != actual.get(name)
+    ]
+
+
+def describe_pins(pins: dict[str, Any]) -> str:
+    """Revision pins in words: ``megatron_core 0.19.2 a07a0245..., megatron_bridge 0.6.2, torch 2.14.1``
+    (each package's stated version, commit (12 characters) and fingerprint; unstated pins left out)."""
+    parts = []
+    for key in PIN_KEYS:
+        pinned = pins.get(key)
+        if isinstance(pinned, dict):
+            stated = [
+                str(pinned[sub])[:12] if sub == "commit" else str(pinned[sub])
+                for sub in ("version", "commit", "fingerprint")
+                if pinned.get(sub)
+            ]
+            if stated:
+                parts.append(f"{key} {' '.join(stated)}")
+        elif pinned is not None:
+            parts.append(f"{key} {pinned}")
+    return ", ".join(parts) or "no pins"
 
 
 def pins_differences(golden: Golden, pins: dict[str, Any]) -> list[str]:
@@ -247,6 +296,7 @@ def golden_from_records(
         first.hardware.profile(),
         first.pins(),
         workload_identity(first),
+        first.workload.environment,
     )
     for record in records[1:]:
         other = (
@@ -255,12 +305,13 @@ def golden_from_records(
             record.hardware.profile(),
             record.pins(),
             workload_identity(record),
+            record.workload.environment,
         )
         if other != identity:
             raise UsageError(
-                f"record {record.id}: kind, recipe, hardware, pins or as-run workload (attention back end, "
-                f"MoE dispatcher) differ from record {first.id}; a golden covers one recipe × hardware × "
-                "revision pin × workload"
+                f"record {record.id}: kind, recipe, hardware, pins, environment or as-run workload "
+                f"(attention back end, MoE dispatcher) differ from record {first.id}; a golden covers one "
+                "recipe × hardware × revision pin × environment × workload"
             )
     scope = None
     control = None
@@ -298,6 +349,7 @@ def golden_from_records(
         rows=rows,
         peak_scope=scope,
         workload=identity[4],
+        environment=identity[5],
     )
     validate_golden(golden.to_json(), "new golden")
     return golden

@@ -179,6 +179,7 @@ def workload(
     train_iters: int | None,
     parallelism: ParallelLayout,
     extra: dict[str, str] | None = None,
+    environment: dict[str, str] | None = None,
 ) -> Workload:
     return Workload(
         recipe,
@@ -192,6 +193,7 @@ def workload(
         train_iters,
         parallelism,
         dict(extra or {}),
+        None if environment is None else dict(environment),
     )
 
 

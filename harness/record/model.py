@@ -169,14 +169,24 @@ class Workload:
     train_iters: int | None = field(metadata=rules(minimum=0))  # null only if not a run's
     parallelism: ParallelLayout
     extra: dict[str, str] = field(default_factory=dict)
+    # The variables that change allocator, dispatcher, kernels or graphs, as the ranks ran them
+    # (harness.run.environment); None (no key) in records written before they were recorded and in
+    # kinds that run nothing under torchrun.
+    environment: dict[str, str] | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Workload:
-        values = {key: value for key, value in data.items() if key not in ("parallelism", "extra")}
+        values = {
+            key: value
+            for key, value in data.items()
+            if key not in ("parallelism", "extra", "environment")
+        }
+        environment = data.get("environment")
         return cls(
             **values,
             parallelism=ParallelLayout(**data["parallelism"]),
             extra=dict(data.get("extra", {})),
+            environment=None if environment is None else dict(environment),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -194,6 +204,8 @@ class Workload:
         }
         if self.extra:
             data["extra"] = dict(self.extra)
+        if self.environment is not None:
+            data["environment"] = dict(self.environment)
         return data
 
 

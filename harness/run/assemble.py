@@ -40,6 +40,7 @@ from harness.record.build import (
 from harness.record.metrics import MetricName
 from harness.record.model import PIN_KEYS, IterationRow, RankPeaks, Record
 from harness.run.classify import Classification, error_kind
+from harness.run.environment import environment_differences
 from harness.run.events import RankEvidence
 from harness.run.recipes import Recipe
 
@@ -177,6 +178,20 @@ def _as_run(recipe: Recipe, ranks: list[RankEvidence]) -> tuple[str, dict[str, s
     return attention, notes
 
 
+def _environment(ranks: list[RankEvidence]) -> tuple[dict[str, str] | None, list[str]]:
+    """(the lowest reporting rank's environment, ``rank N: NAME a -> b`` wherever another rank's differs)."""
+    reported = [rank for rank in ranks if rank.environment is not None]
+    if not reported:
+        return None, []
+    first = reported[0].environment or {}
+    spread = [
+        f"rank {rank.rank}: {difference}"
+        for rank in reported[1:]
+        for difference in environment_differences(first, rank.environment or {})
+    ]
+    return first, spread
+
+
 def build_record(
     recipe: Recipe,
     row: str,
@@ -205,6 +220,9 @@ def build_record(
         extra["device_memory"] = CPU_MEMORY_NOTE
     attention, facts = _as_run(recipe, ranks)
     extra.update(facts)
+    environment, spread = _environment(ranks)
+    if spread:
+        extra["environment_differs_across_ranks"] = "; ".join(spread)
     return new_record(
         "run",
         workload=workload(
@@ -219,6 +237,7 @@ def build_record(
             train_iters=recipe.train_iters,
             parallelism=recipe.parallelism.record_layout(recipe.world_size),
             extra=extra,
+            environment=environment,
         ),
         hardware=hardware(profile, recipe.world_size if on_gpu else 0, sm=sm),
         recompute=RecomputeFields.parse(row),

@@ -78,6 +78,8 @@ class RankEvidence:
     revisions: dict[str, Any] | None = (
         None  # ``collect_revisions()`` as this rank's interpreter sees it
     )
+    # The recorded variables (harness.run.environment) as the rank ran with them; None: never reported.
+    environment: dict[str, str] | None = None
 
     @property
     def position(self) -> tuple[int, int]:
@@ -112,6 +114,8 @@ def read_rank(path: Path, rank: int) -> RankEvidence:
             evidence.iterations.append(event)
         elif kind == "error":
             evidence.errors.append(event)
+        elif kind == "environment":
+            evidence.environment = {str(k): str(v) for k, v in event["values"].items()}
         elif kind == "note":
             evidence.notes[event["key"]] = str(event["value"])
         elif kind == "flops":

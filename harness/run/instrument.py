@@ -133,6 +133,11 @@ class Instrument:
         """The stack this rank runs on (``collect_revisions()`` here): the record's pins come from the ranks."""
         self.events.emit("revisions", revisions=revisions)
 
+    def environment(self, values: dict[str, str]) -> None:
+        """The recorded variables (``harness.run.environment``) as this rank runs with them; the last
+        report wins (a back end that applies its recipe's defaults reports again after them)."""
+        self.events.emit("environment", values=values)
+
     def note(self, key: str, value: str) -> None:
         """A fact about how the workload actually ran (e.g. a dispatcher fallback), kept in the record."""
         self.events.emit("note", key=key, value=value)

@@ -15,6 +15,7 @@ first launch.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import uuid
@@ -33,6 +34,7 @@ from harness.record.io import write_record, write_sweep_plan
 from harness.record.model import Record
 from harness.run.assemble import StackDisagreement, build_record, ranks_revisions
 from harness.run.classify import Classification, against_control, classify
+from harness.run.environment import declared_environment
 from harness.run.events import SPEC_FILE, RankEvidence, read_row
 from harness.run.faults import FAULT_ENV, Fault
 from harness.run.preflight import check_bridge_rows
@@ -205,6 +207,10 @@ def run_sweep(
         check_launchable(recipe, faults, launcher, rows)
     timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
     stall_timeout_s = recipe.stall_timeout_s if stall_timeout_s is None else stall_timeout_s
+    # Declared once, before the first row: what Bridge (or anything else in this process) writes into
+    # os.environ later never reaches a row unrecorded (harness.run.environment). Under srun the ranks'
+    # environment is the batch step's (a container image adds its own): recorded, not declared here.
+    declared = declared_environment(os.environ) if launcher.kind == "local" else None
     directory = sweep_dir(out, recipe)
     try:
         write_sweep_plan(directory, recipe.name, {row: record_file(row) for row in chosen})
@@ -227,6 +233,7 @@ def run_sweep(
             control=control,
             progress=progress,
             launcher=launcher,
+            declared=declared,
         )
         if row == CONTROL_ROW:
             control = result.outcome
@@ -245,13 +252,17 @@ def run_one_row(
     control: Classification | None,
     progress: Progress | None,
     launcher: Launcher = Launcher(),
+    declared: dict[str, str] | None = None,
 ) -> RowResult:
+    """One row under torchrun. ``declared``: the row's recorded environment, written into its spec, given
+    to torchrun exactly and checked by every rank at its start (None: inherited, recorded as it is)."""
     slug = row_slug(row)
     row_dir = directory / "rows" / slug
     ensure_dir(row_dir)
     spec = {
         "recipe": {**recipe.as_dict(), "timeout_s": timeout_s, "stall_timeout_s": stall_timeout_s},
         "row": row,
+        **({} if declared is None else {"environment": declared}),
     }
     write_json_atomic(row_dir / SPEC_FILE, spec)
     if progress is not None:
@@ -273,6 +284,7 @@ def run_one_row(
             # Always set: a row without a fault must not inherit the caller's own RECOMPUTE_HARNESS_FAULT.
             env={FAULT_ENV: fault.spec() if fault is not None else ""},
             first_iteration_timeout_s=recipe.first_iteration_timeout_s,
+            declared=declared,
             on_poll=None
             if progress is None
             else (lambda ranks, elapsed: progress.poll(row, ranks, elapsed)),

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from harness.processes import (
     libc_prctl,
     processes_with_env,
 )
+from harness.run.environment import launch_environment
 from harness.run.events import RankEvidence, latest_activity, read_row
 
 JOB_TOKEN_ENV = "RECOMPUTE_HARNESS_JOB"
@@ -192,14 +193,20 @@ def run_row(
     env: dict[str, str] | None = None,
     on_poll: Callable[[list[RankEvidence], float], None] | None = None,
     first_iteration_timeout_s: float | None = None,
+    declared: Mapping[str, str] | None = None,
 ) -> LaunchResult:
     """Start each command (a torchrun, or an srun of torchruns) in its own session, watch the ranks'
     evidence, and stop the job on timeout or stall. Until every rank has finished iteration 1 the
     silence allowed is ``first_iteration_timeout_s`` (None: the stall timeout): a first step compiles
-    (Triton autotune, HybridEP's JIT, TE's kernels) for minutes without a word, which is no hang."""
+    (Triton autotune, HybridEP's JIT, TE's kernels) for minutes without a word, which is no hang.
+    ``declared``: the row's recorded variables (``harness.run.environment``), exactly; without it the
+    row inherits them from this process."""
     row_dir = Path(row_dir)
     token = uuid.uuid4().hex
-    child_env = {**os.environ, **(env or {}), JOB_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
+    base = {**os.environ, **(env or {})}
+    if declared is not None:
+        base = launch_environment(base, declared)
+    child_env = {**base, JOB_TOKEN_ENV: token, "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
     wall_start = time.time()
     procs: list[subprocess.Popen] = []

@@ -22,6 +22,7 @@ from harness.cpu.deferred_compile import (
     run_compiled_helpers_eagerly,
 )
 from harness.processes import die_with_parent
+from harness.run.environment import environment_differences, recorded_environment
 from harness.run.events import SPEC_FILE
 from harness.run.instrument import Instrument
 from harness.run.recipes import Recipe
@@ -48,7 +49,14 @@ def main(argv: list[str] | None = None) -> None:
     instrument.revisions(collect_revisions())
     # Eager or compiled helpers change step time, not memory: the record says which ran.
     instrument.note("torch_compile", "disabled" if compile_disabled() else "enabled")
+    running = recorded_environment(os.environ)
+    instrument.environment(running)
     try:
+        differences = environment_differences(spec.get("environment", running), running)
+        if differences:  # the runner gives it exactly: a difference is a launcher changing it
+            raise RuntimeError(
+                "this rank's environment is not the row's declared one: " + "; ".join(differences)
+            )
         # Import before announcing the start: the stall clock then never counts import time.
         if recipe.backend == "mcore":
             from harness.run.backend_mcore import train

@@ -40,6 +40,7 @@ def run_record(
     gpus: int = 2,
     record_id: str | None = None,
     growth_after: int | None = None,
+    environment: dict[str, str] | None = None,
 ) -> Record:
     """A completed run (or one that failed in the forward of iteration ``died_in``), one row per rank.
     ``growth_after``: the peaks grow by 1 GB after that iteration (a pool allocated later in the run)."""
@@ -76,6 +77,7 @@ def run_record(
             attention_backend="fused",
             train_iters=iterations,
             parallelism=parallelism(dp=gpus),
+            environment=environment,
         ),
         recompute=RecomputeFields.selective(*modules),
         metrics=run_metrics(rows, ranks, (3, done) if status == "completed" else None),
