@@ -17,14 +17,17 @@ release branch):
 Short-run overrides: iterations, warmup/decay, GBS/MBS, model and dataset sequence length, mock
 data, evaluation off, Bridge's own log (and its barrier) past the last step (``log_interval``), checkpoint save/load off (the recipe's default checkpoint
 directory would otherwise be resumed silently), the row's recompute fields, the parallel layout of
-the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end's
-package (DeepEP / HybridEP / TE's NCCL EP) is missing — recorded as a note in the run record.
+the harness recipe, and the MoE dispatcher falling back to ``alltoall`` when the flex back end
+(DeepEP / HybridEP / TE's NCCL EP) cannot run the row: its package is missing, or the row's TP x EP
+group is one rank (``flex_backend_unusable``) — recorded as a note in the run record.
 
 Environment: Bridge's recipes carry environment defaults (the allocator's expandable segments, CUDA
 connection counts) that its ``pretrain`` applies before CUDA starts; they are applied here at the same
 point, before anything touches CUDA (HybridEP's ranks per NVLink domain fitted to the row's EP size,
-``hybrid_ep_environment``), the record notes their values, and the allocator's own settings
+``hybrid_ep_environment``), the record notes their values and keeps every variable that changes
+allocator, dispatcher, kernels or graphs (``harness.run.environment``), and the allocator's own settings
 are read back (``harness.run.allocator``): the record says when it had already fixed other ones.
+``rejections`` validates in the caller's process and leaves its ``os.environ`` as it found it.
 
 Collective timeout: Bridge's default is 10 minutes (``dist.distributed_timeout_minutes``), and
 torch's NCCL watchdog then kills the rank without a Python error; the row's timeout is used instead
@@ -73,6 +76,7 @@ from megatron.core.utils import get_model_config
 
 from harness.config.fields import RecomputeFields
 from harness.run.allocator import ignored_allocator_env
+from harness.run.environment import preserved_environment, recorded_environment
 from harness.run.instrument import Instrument
 from harness.run.recipes import Recipe, bridge_builders
 
@@ -311,24 +315,46 @@ RECIPES = {
 }  # = recipes.BRIDGE_RECIPES
 
 
+# The flex dispatcher's back ends, by the flag MCore's fused_a2a sets when the back end's package imports.
+FLEX_BACKEND_FLAGS = {"deepep": "HAVE_DEEP_EP", "hybridep": "HAVE_HYBRIDEP", "ncclep": "HAVE_TE_EP"}
+
+
+def flex_backend_unusable(backend: str, tp: int, ep: int, installed: bool) -> str | None:
+    """Why the flex dispatcher with ``backend`` cannot run a TP x EP layout, or None when it can.
+
+    Every flex back end dispatches over MCore's TP x EP group, and a group of one rank is refused at
+    the first dispatch (MCore's MoEFlexTokenDispatcher: "DeepEP dispatcher requires TPxEP > 1", the
+    same for NCCL EP; HybridEP's buffer asserts its group size too), whether or not the package is
+    installed: a shortened EP 1 recipe needs the fallback even on an image that has HybridEP."""
+    if tp * ep == 1:
+        return f"flex/{backend} (its expert-parallel group would be 1 rank: TP x EP = 1)"
+    if not installed:
+        return f"flex/{backend} (its package is missing on this machine)"
+    return None
+
+
 def _dispatcher_fallback(cfg: Any) -> str | None:
-    """Fall back to ``alltoall`` when the flex dispatcher's back-end package is missing; the request, for
-    the record (the dispatcher the run has is noted at training start, ``RankMetrics``)."""
+    """Fall back to ``alltoall`` when the flex dispatcher's back end cannot run the row's layout here
+    (``flex_backend_unusable``); the request, for the record (the dispatcher the run has is noted at
+    training start, ``RankMetrics``)."""
     from megatron.core.transformer.moe import fused_a2a
 
     if getattr(cfg.model, "moe_token_dispatcher_type", None) != "flex":
         return None
     backend = getattr(cfg.model, "moe_flex_dispatcher_backend", None)
-    available = {
-        "deepep": fused_a2a.HAVE_DEEP_EP,
-        "hybridep": fused_a2a.HAVE_HYBRIDEP,
-        "ncclep": fused_a2a.HAVE_TE_EP,
-    }.get(backend or "", True)  # another backend, or none named: nothing to check
-    if available:
+    if backend not in FLEX_BACKEND_FLAGS:  # another back end, or none named: nothing to check
+        return None
+    reason = flex_backend_unusable(
+        backend,
+        cfg.model.tensor_model_parallel_size,
+        cfg.model.expert_model_parallel_size,
+        bool(getattr(fused_a2a, FLEX_BACKEND_FLAGS[backend], False)),
+    )
+    if reason is None:
         return None
     cfg.model.moe_token_dispatcher_type = "alltoall"
     cfg.model.moe_flex_dispatcher_backend = None
-    return f"flex/{backend} (its package is missing on this machine)"
+    return reason
 
 
 # HybridEP (DeepEP's hybrid_ep buffer, through MCore's flex dispatcher) reads how many EP ranks share one
@@ -454,13 +480,24 @@ def rejections(recipe: Recipe, rows: list[str]) -> dict[str, str]:
     refused = {}
     for row in rows:
         cfg, _ = short_run(copy.deepcopy(base), recipe, row)
-        try:
-            runtime_config_update(cfg)
-        except (
-            Exception  # noqa: BLE001
-        ) as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
-            refused[row] = f"{type(exc).__name__}: {exc}"
+        # runtime_config_update applies the recipe's environment defaults to os.environ: in a caller's
+        # process they would reach every row it launches later, unrecorded.
+        with preserved_environment():
+            try:
+                runtime_config_update(cfg)
+            except (
+                Exception  # noqa: BLE001
+            ) as exc:  # MCore's rules are asserts and ValueErrors; Bridge adds its own types
+                refused[row] = f"{type(exc).__name__}: {exc}"
     return refused
+
+
+def row_environment(cfg: Any, launched: dict[str, str]) -> dict[str, str]:
+    """The recorded variables a row runs with: those it was launched with (``launched``), then the
+    recipe's defaults where the launch left one unset (Bridge's ``apply_environment_variables``: the
+    launcher wins), as ``apply_recipe_environment`` leaves them."""
+    defaults = {name: str(value) for name, value in cfg.env_vars.items()}
+    return recorded_environment({**defaults, **launched})
 
 
 def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
@@ -477,6 +514,7 @@ def apply_recipe_environment(cfg: Any, instrument: Instrument) -> None:
     applied = {name: os.environ[name] for name in sorted(cfg.env_vars)}
     for name, value in applied.items():
         instrument.note(f"env.{name}", value)
+    instrument.environment(recorded_environment(os.environ))
     ignored = ignored_allocator_env(applied)
     if ignored is not None:
         instrument.note("allocator_ignored_env", ignored)

@@ -1,7 +1,7 @@
 """GPU tier, Bridge half: the ``bridge`` back end's configs, checked by Megatron Bridge itself.
 
 No GPU is needed: Bridge builds its recipes and runs its pre-training validation
-(``runtime_config_update``) on the host. These tests need Transformer Engine and Megatron Bridge to
+(``runtime_config_update``) on the host, and every row's environment is computed as a rank applies it. These tests need Transformer Engine and Megatron Bridge to
 import, which means the GPU runners' image, or ``ci/bridge-config-cpu.sh`` on a CPU machine with the
 CUDA toolkit (it builds TE's torch extension there), so they live in the ``gpu`` tier.
 """
@@ -9,12 +9,18 @@ CUDA toolkit (it builds TE's torch extension there), so they live in the ``gpu``
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from gates import require
 
 from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
+from harness.run.environment import (
+    declared_environment,
+    preserved_environment,
+    recorded_environment,
+)
 from harness.run.preflight import check_bridge_rows
 from harness.run.recipes import Recipe, load_recipe, recipe_names
 
@@ -41,6 +47,68 @@ def test_recipe_rows_pass_bridge_validation(name, monkeypatch):
     recipe = load_recipe(name)
     monkeypatch.setenv("WORLD_SIZE", str(recipe.world_size))
     assert rejections(_as_worker_sees_it(name), list(recipe.rows)) == {}
+
+
+def test_the_rejections_check_leaves_this_processs_environment_as_it_found_it(monkeypatch):
+    # Bridge's runtime_config_update applies the recipe's environment defaults to os.environ
+    # (apply_environment_variables); validated in the nightly's pytest process, they reached every row
+    # the GPU tests launched after it (issue 36, defect 3).
+    from harness.run.backend_bridge import HYBRID_EP_RANKS_ENV, rejections
+
+    recipe = load_recipe("moonlight-short-8gpu")
+    monkeypatch.setenv("WORLD_SIZE", str(recipe.world_size))
+    for name in ("PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", HYBRID_EP_RANKS_ENV):
+        monkeypatch.delenv(name, raising=False)
+    before = dict(os.environ)
+    assert rejections(_as_worker_sees_it(recipe.name), ["[]"]) == {}
+    assert dict(os.environ) == before
+
+
+@pytest.mark.parametrize("name", BRIDGE_RECIPES)
+def test_every_rows_environment_is_what_its_rank_applies(name, tmp_path, monkeypatch):
+    # The declared environment of each row (the launch's recorded variables, then the recipe's defaults
+    # where unset) is what apply_recipe_environment leaves in a fresh rank and reports for the record.
+    from harness.run.backend_bridge import apply_recipe_environment, configure, row_environment
+    from harness.run.events import events_path, read_rank
+    from harness.run.instrument import Instrument
+
+    recipe = load_recipe(name)
+    monkeypatch.setenv("WORLD_SIZE", str(recipe.world_size))
+    launched = declared_environment(os.environ)
+    for row in recipe.rows:
+        cfg, _ = configure(_as_worker_sees_it(name), row)
+        row_dir = tmp_path / row
+        with preserved_environment():  # each row's rank starts from the launch's environment
+            apply_recipe_environment(cfg, Instrument(row_dir, 0, "cpu"))
+            applied = recorded_environment(os.environ)
+        reported = read_rank(events_path(row_dir, 0), 0).environment
+        assert applied == reported == row_environment(cfg, launched), row
+        assert reported["PYTORCH_CUDA_ALLOC_CONF"] and reported["CUDA_DEVICE_MAX_CONNECTIONS"], row
+
+
+@pytest.mark.parametrize(
+    "name, dispatcher",
+    [("nemotron-3-nano-short-1gpu", "alltoall"), ("nemotron-3-nano-short-8gpu", "flex/hybridep")],
+)
+def test_a_one_rank_expert_group_falls_back_even_where_hybridep_is_installed(
+    name, dispatcher, monkeypatch
+):
+    # MCore's flex dispatcher dispatches over the TP x EP group and refuses a group of one at the first
+    # dispatch: the shortened EP 1 recipe must fall back on an image that has HybridEP too (issue 36,
+    # defect 2). HybridEP's flag is set as its import sets it on such an image; EP 8 keeps HybridEP.
+    from megatron.core.transformer.moe import fused_a2a
+
+    from harness.run.backend_bridge import configure, dispatcher_of
+
+    monkeypatch.setattr(fused_a2a, "HAVE_HYBRIDEP", True)
+    cfg, notes = configure(_as_worker_sees_it(name), "[]")
+    assert dispatcher_of(cfg.model) == dispatcher
+    if dispatcher == "alltoall":
+        assert notes == {
+            "moe_dispatcher_requested": "flex/hybridep (its expert-parallel group would be 1 rank: TP x EP = 1)"
+        }
+    else:
+        assert notes == {}
 
 
 @pytest.mark.parametrize("name", BRIDGE_RECIPES)
@@ -195,57 +263,6 @@ def test_collectives_wait_longer_than_the_runner_takes_to_call_a_stall():
             cfg.dist.distributed_timeout_minutes * 60 > recipe.timeout_s > recipe.stall_timeout_s
         ), name
         assert cfg.dist.distributed_timeout_seconds_after_init is None
-
-
-def test_rank_metrics_reports_each_step_at_its_end_and_marks_cuda_graph_capture(tmp_path):
-    # Driven with Bridge's own state and callback context, in the order its train loop fires them
-    # (train.py: capture at the loop's top when step - start == cuda_graph_warmup_steps, then
-    # on_train_step_start, train_step, on_train_step_end, step += 1, FLOPs added).
-    import torch
-    from megatron.bridge.training.callbacks import CallbackContext
-    from megatron.bridge.training.state import GlobalState
-
-    from harness.run.backend_bridge import RankMetrics, configure
-    from harness.run.events import events_path, read_rank
-    from harness.run.instrument import Instrument
-
-    cfg, _ = configure(_as_worker_sees_it("nemotron-3-nano-short-1gpu"), "[]")
-    assert cfg.model.cuda_graph_impl == "transformer_engine"
-    warmup = cfg.model.cuda_graph_warmup_steps
-    state = GlobalState()
-    state.cfg = cfg
-    metrics = RankMetrics(Instrument(tmp_path, 0, "cpu"))
-    metrics.on_train_start(CallbackContext(state=state, model=[]))
-    flops_per_step = 3.0e15
-    lines = []
-    for iteration in range(1, warmup + 3):
-        metrics.on_train_step_start(CallbackContext(state=state, model=[]))
-        metrics.on_train_step_end(
-            CallbackContext(
-                state=state, model=[], loss_dict={"lm loss": torch.tensor(7.5)}, skipped_iter=False
-            )
-        )
-        lines.append(len(read_rank(events_path(tmp_path, 0), 0).iterations))
-        state.train_state.step += 1
-        state.train_state.floating_point_operations_so_far += flops_per_step
-    metrics.on_train_end(CallbackContext(state=state, model=[]))
-    assert lines == list(
-        range(1, warmup + 3)
-    )  # every step is on disk when it ends, not at the next start
-    evidence = read_rank(events_path(tmp_path, 0), 0)
-    assert evidence.flops == {i: flops_per_step for i in range(1, warmup + 3)}
-    assert all(row["loss"] == 7.5 and row["step_time_ms"] > 0 for row in evidence.iterations)
-    assert evidence.notes["attention_backend"] == cfg.model.attention_backend.name
-    phases = [
-        (event["iteration"], event["phase"])
-        for event in map(json.loads, events_path(tmp_path, 0).read_text().splitlines())
-        if event["event"] == "phase"
-    ]
-    capture = phases.index((warmup + 1, "cuda-graph-capture"))
-    assert phases[capture - 1] == (warmup, "forward") and phases[capture + 1] == (
-        warmup + 1,
-        "forward",
-    )
 
 
 def test_the_error_line_hooks_the_functions_pretrain_cleans_up_after():

@@ -505,6 +505,37 @@ def test_hybrid_ep_ranks_per_nvlink_domain_follow_the_recipes_ep(recipe_name, pe
     }
 
 
+@pytest.mark.parametrize(
+    "backend, tp, ep, installed, reason",
+    [
+        # One rank in the TP x EP group: refused at the first dispatch, installed or not (defect 2).
+        (
+            "hybridep",
+            1,
+            1,
+            True,
+            "flex/hybridep (its expert-parallel group would be 1 rank: TP x EP = 1)",
+        ),
+        (
+            "deepep",
+            1,
+            1,
+            True,
+            "flex/deepep (its expert-parallel group would be 1 rank: TP x EP = 1)",
+        ),
+        ("hybridep", 1, 2, False, "flex/hybridep (its package is missing on this machine)"),
+        ("hybridep", 1, 8, True, None),
+        ("ncclep", 2, 1, True, None),
+    ],
+)
+def test_the_flex_dispatcher_falls_back_where_its_back_end_cannot_run_the_layout(
+    backend, tp, ep, installed, reason
+):
+    from harness.run.backend_bridge import flex_backend_unusable
+
+    assert flex_backend_unusable(backend, tp, ep, installed) == reason
+
+
 def test_a_layout_hybrid_ep_cannot_split_is_refused_in_one_line():
     from harness.run.backend_bridge import hybrid_ep_environment
 
