@@ -2,8 +2,11 @@
 # Golden refresh after a Megatron Core bump.
 #   1. bump megatron-core in pyproject.toml (./venv-run reinstalls on first use), or put the new
 #      Megatron Core first on PYTHONPATH / install it in your own environment;
-#   2. ci/golden-refresh.sh [--cpu-only] [--jobs=N] [RECIPE...]   (default recipes: the GPU ones this runner
-#      holds; --jobs=N: the CPU probe's passes run at once, default one per usable core);
+#   2. ci/golden-refresh.sh [--cpu-only] [--jobs=N] [RECIPE...]   (default recipes: the cases the nightly
+#      compares, harness/golden/nightly.py; --jobs=N: the CPU probe's passes run at once, default one
+#      per usable core);
+# ci/golden-refresh.sh --list: those cases, CASE GOLDEN per line ('-': none yet for the installed pins),
+#   the same list as ci/nightly-gpu.sh --list; runs nothing.
 #   3. review the printed diffs and the summary, commit tests/golden/ (new pins get new files; old stay).
 # ci/golden-refresh.sh --all-revisions: the label manifests and CPU goldens (both attention back ends)
 #   of every supported revision (tests/support/overlays.py REVISIONS: 0.18.2, 0.19.0, the venv's
@@ -19,33 +22,38 @@ cd "$root"
 
 cpu_only=0
 all_revisions=0
+list=0
 jobs=()
 recipes=()
 for arg in "$@"; do
   case "$arg" in
     --cpu-only) cpu_only=1 ;;
     --all-revisions) all_revisions=1 ;;
+    --list) list=1 ;;
     --jobs=*) jobs=(--jobs "${arg#--jobs=}") ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     -*) echo "golden-refresh: unknown option $arg" >&2; exit 2 ;;
     *) recipes+=("$arg") ;;
   esac
 done
-if [[ $cpu_only -eq 0 && ${#recipes[@]} -eq 0 ]]; then
-  recipes=(mcore-moonlight-1gpu moonlight-short-8gpu nemotron-3-nano-short-8gpu moonlight-full-8gpu)
-fi
-
 python="${RECOMPUTE_HARNESS_PYTHON:-}"
 if [[ -z "$python" && -n "${VIRTUAL_ENV:-}" ]]; then python="$VIRTUAL_ENV/bin/python"; fi
 if [[ -z "$python" && -n "${CONDA_PREFIX:-}" ]]; then python="$CONDA_PREFIX/bin/python"; fi
 harness() {
   if [[ -n "$python" ]]; then "$python" -m harness.cli "$@"; else ./venv-run recompute-harness "$@"; fi
 }
+py() { if [[ -n "$python" ]]; then "$python" "$@"; else ./venv-run python "$@"; fi; }
+
+if [[ $list -eq 1 ]]; then
+  harness nightly list; exit $?
+fi
+if [[ $cpu_only -eq 0 && ${#recipes[@]} -eq 0 ]]; then
+  mapfile -t recipes < <(harness nightly recipes) || exit 2
+fi
 
 if [[ $all_revisions -eq 1 ]]; then
   # One probe pass per revision and back end, each in its own process with its tree first on
   # PYTHONPATH (a Megatron Core is imported once per process). Any failure stops the refresh (exit 2).
-  py() { if [[ -n "$python" ]]; then "$python" "$@"; else ./venv-run python "$@"; fi; }
   started=$SECONDS
   out_file=$(mktemp) && trap 'rm -f "$out_file"' EXIT
   revisions=$(py -c 'import sys; sys.path.insert(0, "tests/support"); import overlays; print(*overlays.REVISIONS)') || exit 2

@@ -57,6 +57,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "run": ("run", "run a recipe sweep with torchrun and write run records"),
     "launch": ("launch", "write a multi-node launch script (slurm)"),
+    "nightly": (
+        "nightly",
+        "the cases the nightly GPU tier compares, their goldens for the installed stack",
+    ),
 }
 
 

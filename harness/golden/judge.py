@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.golden.format import Golden, golden_values, identity_differences
+from harness.golden.format import (
+    Golden,
+    describe_pins,
+    golden_values,
+    identity_differences,
+    pins_differences,
+)
 from harness.golden.store import near_misses
 from harness.record.effects import matched_control
 from harness.record.metrics import (
@@ -55,6 +61,9 @@ class Comparison:
     golden_path: str
     recipe: str
     checks: list[MetricCheck] = field(default_factory=list)
+    # What was judged: None, every value at the golden's own pins; else why only the effects against the
+    # [] control were (``compare_effects``), with both revision sets.
+    effect_only: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -209,6 +218,19 @@ def compare_records(
                 f"a golden for these records is written by: {refresh_command(golden_path)}"
             )
     comparison = Comparison(golden_path=golden_path, recipe=golden.recipe)
+    if golden.environment is None and any(r.workload.environment is not None for r in records):
+        # An older or transcribed golden: its runs' environment is unknown, so it is not judged.
+        comparison.checks.append(
+            MetricCheck(
+                "*",
+                "environment",
+                "not pinned",
+                "recorded",
+                None,
+                "not judged: the golden predates environment records",
+                "pass",
+            )
+        )
     by_label = {record.label: record for record in records}
     if len(by_label) != len(records):
         raise UsageError("two records share one recompute row; compare one record per row")
@@ -271,5 +293,82 @@ def compare_records(
                 "exact",
                 "FAIL: row not in golden, refresh it",
             )
+        )
+    return comparison
+
+
+# Across revisions a card study is judged by its effects only, each within half the smallest gap the
+# card's own conclusions rest on (docs/gpu-tier.md, "The seed studies"): Moonlight's savings split into
+# "none" (core_attn 0.01 %) and "about 1.9 %" (1.83-1.96 %), a 1.82 pp gap; its costs rank moe_act
+# (1.99 %) below core_attn (3.85 %), a 1.86 pp gap. Within 0.9 pp every such conclusion still holds.
+EFFECT_ONLY_TOLERANCE: dict[str, dict[str, Any]] = {
+    MetricName.SAVING_ALLOCATED_PCT: {"mode": "absolute", "abs": 0.9},
+    MetricName.STEP_TIME_COST_PCT: {"mode": "absolute", "abs": 0.9},
+}
+
+
+def compare_effects(golden: Golden, records: Sequence[Record], golden_path: str) -> Comparison:
+    """Judge ``records`` of other revisions than ``golden``'s by their effects alone: each row's saving
+    and step-time cost against the ``[]`` control of its own set, and its pass/OOM stage, against the
+    golden's (``EFFECT_ONLY_TOLERANCE``). Absolute values are never judged across revisions. Recipe and
+    hardware must still be the golden's (``UsageError`` otherwise)."""
+    for record in records:
+        if record.workload.recipe != golden.recipe or record.hardware.profile() != golden.hardware:
+            raise UsageError(
+                f"refusing to compare record {record.id} with {golden_path}: recipe or hardware differ "
+                f"({record.workload.recipe} on {record.hardware.profile()}, golden {golden.recipe} on "
+                f"{golden.hardware})"
+            )
+    control = matched_control(records)
+    if control is None:
+        raise UsageError(
+            f"{golden_path}: an effect-only comparison needs the [] control measured in the same sweep"
+        )
+    pins = control.pins()
+    comparison = Comparison(
+        golden_path=golden_path,
+        recipe=golden.recipe,
+        effect_only=(
+            f"effect-only: these records' revisions ({describe_pins(pins)}) are not the golden's "
+            f"({describe_pins(golden.pins)}; differs in {', '.join(pins_differences(golden, pins))}): "
+            "each row's saving, cost and stage against its own [] control are judged, no absolute value"
+        ),
+    )
+    by_label: dict[str, Record | None] = {record.label: record for record in records}
+    for row in golden.rows:
+        measured = by_label.pop(row.label, None)
+        if measured is None:
+            comparison.checks.append(
+                MetricCheck(
+                    row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"
+                )
+            )
+            continue
+        stage = measured.outcome.stage()
+        comparison.checks.append(
+            MetricCheck(
+                row.label,
+                "outcome",
+                _stage_text(row.outcome),
+                _stage_text(stage),
+                None,
+                "at the golden's precision",
+                _outcome_verdict(row.outcome, stage),
+            )
+        )
+        if row.recompute.is_control:
+            continue
+        actual = golden_values(measured, golden.peak_scope, control)
+        inactive = _inactive_verdict(row.values, actual)
+        for metric, rule in EFFECT_ONLY_TOLERANCE.items():
+            if metric not in row.values:
+                continue
+            check = _judge(metric, row.values[metric], actual.get(metric), rule)
+            if inactive and metric == MetricName.SAVING_ALLOCATED_PCT and not check.passed:
+                check = replace(check, verdict=inactive)
+            comparison.checks.append(replace(check, label=row.label))
+    for label in by_label:
+        comparison.checks.append(
+            MetricCheck(label, "row", "absent", "present", None, "exact", "FAIL: row not in golden")
         )
     return comparison

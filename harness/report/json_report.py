@@ -18,6 +18,7 @@ def comparison_json(comparison: Comparison) -> dict[str, Any]:
         "golden": comparison.golden_path,
         "recipe": comparison.recipe,
         "passed": comparison.passed,
+        "effect_only": comparison.effect_only,
         "checks": [asdict(check) for check in comparison.checks],
     }
 

@@ -81,6 +81,7 @@ def comparison_markdown(comparison: Comparison) -> str:
     ]
     return (
         f"### Golden check {comparison.recipe}: {verdict}\n\ngolden: `{comparison.golden_path}`\n\n"
+        + (f"**{comparison.effect_only}**\n\n" if comparison.effect_only else "")
         + table(("row", "metric", "golden", "actual", "Δ", "tolerance", "verdict"), rows)
     )
 

@@ -1,9 +1,12 @@
 """GPU tier (nightly, ``pytest -m gpu``): the runner on real GPUs, both back ends, and the seed-study
 goldens. Each test skips with the name of what the machine lacks.
 
-Two kinds of sweep, written apart: a *compared* sweep runs its recipe's full row set and is judged,
-inside the test and again by ci/nightly-gpu.sh, against the golden of its own pins (peaks, step time,
-TFLOP/s; no golden is a failure naming the file expected); it lands in ``$RECOMPUTE_HARNESS_GPU_OUT``.
+Two kinds of sweep, written apart: a *compared* sweep is one of the nightly's cases
+(``harness.golden.nightly.NIGHTLY_CASES``, the one list ci/nightly-gpu.sh and ci/golden-refresh.sh
+read too): it runs its recipe's full row set and is judged, inside the test and again by
+ci/nightly-gpu.sh, against the golden of the installed pins (peaks, step time, TFLOP/s), or, for a seed
+study on other revisions than the card's, by its effects against the card's golden; no golden is a
+failure naming the case, the pins and the refresh command. It lands in ``$RECOMPUTE_HARNESS_GPU_OUT``.
 Partial-row and fault-injection sweeps measure what no golden holds; they land in its ``scratch/``,
 which the nightly's comparison never reads."""
 
@@ -11,12 +14,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gates import require
 
+from harness.golden.nightly import NIGHTLY_CASES, golden_for, installed_pins, judge
+from harness.golden.store import golden_root
 from harness.record.io import load_records
-from harness.run.recipes import load_recipe
+from harness.run.recipes import Recipe, load_recipe
 from harness.run.runner import run_sweep
 
 pytestmark = pytest.mark.gpu
@@ -46,20 +52,33 @@ def _assert_complete_with_per_rank_peaks(results, world_size: int) -> None:
         assert result.record.run_metrics.nan_iterations == 0
 
 
-def test_mcore_backend_one_gpu(tmp_path, recompute_golden):
-    require(gpus=1)
-    recipe = load_recipe("mcore-moonlight-1gpu")
+def _needs(recipe: Recipe) -> dict[str, Any]:
+    """What a recipe's machine must have (gates.require's keywords)."""
+    return {
+        "gpus": recipe.world_size,
+        "te": "transformer_engine" in recipe.requires,
+        "mamba": "mamba_ssm" in recipe.requires,
+        "bridge": recipe.backend == "bridge",
+    }
+
+
+@pytest.mark.parametrize("case", NIGHTLY_CASES, ids=lambda case: case.recipe)
+def test_nightly_case_matches_its_golden(tmp_path, case):
+    recipe = case.loaded
+    require(**_needs(recipe), sm="9.0")  # every case's golden is of H100s
+    installed = installed_pins()
+    # Checked before the GPUs run (an hour, for a full recipe): a night without a golden judges nothing.
+    found = golden_for(case, installed, golden_root())
+    if found.path is None:
+        pytest.fail(found.missing_line(installed), pytrace=False)
     directory, results = run_sweep(recipe, _compared(tmp_path))
-    _assert_complete_with_per_rank_peaks(results, 1)
+    if not case.seed:  # a card study's rows may OOM by design (the card's stages are judged)
+        _assert_complete_with_per_rank_peaks(results, recipe.world_size)
     assert len(load_records([directory / "records"])) == len(recipe.rows)
-    recompute_golden.check([result.record for result in results])  # peaks, step time, TFLOP/s
-
-
-def test_mcore_backend_expert_parallel_two_gpus(tmp_path, recompute_golden):
-    require(gpus=2)
-    _, results = run_sweep(load_recipe("mcore-moonlight-2gpu"), _compared(tmp_path))
-    _assert_complete_with_per_rank_peaks(results, 2)
-    recompute_golden.check([result.record for result in results])  # peaks, step time, TFLOP/s
+    comparison = judge(found, [result.record for result in results])
+    assert comparison.passed, [
+        f"{check.label}: {check.metric}: {check.verdict}" for check in comparison.failures
+    ]
 
 
 def test_injected_oom_on_gpu_is_classified(tmp_path):
@@ -79,56 +98,17 @@ def test_injected_oom_on_gpu_is_classified(tmp_path):
     )
 
 
-@pytest.mark.parametrize(
-    "recipe_name, needs",
-    [
-        ("moonlight-short-1gpu", {"gpus": 1, "te": True, "bridge": True}),
-        ("moonlight-short-8gpu", {"gpus": 8, "te": True, "bridge": True}),
-        ("nemotron-3-nano-short-1gpu", {"gpus": 1, "te": True, "mamba": True, "bridge": True}),
-        ("nemotron-3-nano-short-8gpu", {"gpus": 8, "te": True, "mamba": True, "bridge": True}),
-    ],
-)
-def test_bridge_short_recipes(tmp_path, recipe_name, needs):
-    require(**needs)
+@pytest.mark.parametrize("recipe_name", ["moonlight-short-1gpu", "nemotron-3-nano-short-1gpu"])
+def test_bridge_one_gpu_recipes_run_a_row(tmp_path, recipe_name):
+    # Smoke runs on one GPU (no golden: the 8-GPU short recipes are the compared cases).
     recipe = load_recipe(recipe_name)
+    require(**_needs(recipe))
     _, results = run_sweep(recipe, _scratch(tmp_path), rows=[recipe.rows[1]])
     _assert_complete_with_per_rank_peaks(results, recipe.world_size)
-    for (
-        result
-    ) in results:  # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches
-        extra = result.record.workload.extra
+    for result in results:
+        # Bridge's environment defaults reached CUDA's start, as in Bridge's own launches, and the record
+        # keeps every variable that changes allocator, dispatcher, kernels or graphs.
+        extra, environment = result.record.workload.extra, result.record.workload.environment
         assert "env.PYTORCH_CUDA_ALLOC_CONF" in extra and "env_applied_after_cuda_init" not in extra
+        assert environment is not None and "PYTORCH_CUDA_ALLOC_CONF" in environment
         assert result.record.hardware.device != "unidentified"
-
-
-def test_moonlight_seed_study_matches_its_golden(tmp_path):
-    require(gpus=8, sm="9.0", te=True, bridge=True)
-    from harness.config.revisions import collect_revisions
-    from harness.golden.format import pins_differences
-    from harness.golden.judge import compare_records
-    from harness.golden.store import golden_root, goldens_of
-    from harness.record.model import Revisions
-
-    # Several pins can hold a golden for this recipe (a refresh adds one per bump): the seed values hold
-    # only where the installed stack matches a golden's pins (the commit, or version + source fingerprint).
-    installed = Revisions.from_json(collect_revisions()).pins()
-    candidates = goldens_of(
-        "moonlight-full-8gpu", {"device": "H100_80GB", "gpu_count": 8}, golden_root()
-    )
-    matching = [
-        (path, golden) for path, golden in candidates if not pins_differences(golden, installed)
-    ]
-    if (
-        not matching
-    ):  # checked before 8 GPUs run for an hour: a night without a golden judges nothing
-        pinned = sorted(str(golden.pins["megatron_core"]) for _, golden in candidates)
-        pytest.fail(
-            f"no moonlight-full-8gpu golden pinned to the installed stack {installed['megatron_core']}, "
-            f"bridge {installed['megatron_bridge']}; pinned: {pinned} (write one with "
-            "ci/golden-refresh.sh)",
-            pytrace=False,
-        )
-    ((golden_path, golden),) = matching
-    _, results = run_sweep(load_recipe("moonlight-full-8gpu"), _compared(tmp_path))
-    comparison = compare_records(golden, [r.record for r in results], str(golden_path))
-    assert comparison.passed, [check.verdict for check in comparison.failures]

@@ -1,27 +1,27 @@
-"""ci/nightly-gpu.sh on this CPU machine, for real (issue 24 item 9): every GPU test skips here, which a
-nightly must report as a failure in one line, not as a green night; a partial or fault sweep under
-scratch/ is kept but never compared with a golden (item 10). Rehearsal step: ~15 s of processes."""
+"""ci/nightly-gpu.sh and ci/golden-refresh.sh on this CPU machine, for real: a night without a GPU is a
+failure in one line before anything runs (issue 24 item 9, issue 36); both scripts list the same cases
+from the one list (harness/golden/nightly.py) and run nothing to do so (issue 36, defect 5).
+Rehearsal step: ~10 s of processes."""
 
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
-from record_samples import run_record, write_sweep
+
+from harness.golden.nightly import NIGHTLY_CASES
 
 pytestmark = pytest.mark.rehearsal
 
 ROOT = Path(__file__).parents[2]
 
 
-def test_a_nightly_in_which_no_gpu_test_ran_fails_saying_why(tmp_path):
+def _script(tmp_path, *argv: str) -> subprocess.CompletedProcess:
     out, report = tmp_path / "out", tmp_path / "report"
-    write_sweep(out / "scratch" / "tiny-recipe-partial", {"[]": run_record()})
-    child = subprocess.run(
-        ["bash", str(ROOT / "ci" / "nightly-gpu.sh")],
+    return subprocess.run(
+        ["bash", str(ROOT / "ci" / argv[0]), *argv[1:]],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -29,11 +29,25 @@ def test_a_nightly_in_which_no_gpu_test_ran_fails_saying_why(tmp_path):
         timeout=600,
         check=False,
     )
-    said = [line for line in child.stderr.splitlines() if line.startswith("nightly: ")]
+
+
+def test_a_night_on_a_machine_without_gpus_fails_in_one_line_and_runs_nothing(tmp_path):
+    child = _script(tmp_path, "nightly-gpu.sh")
     assert child.returncode == 1, child.stdout + child.stderr
-    assert len(said) == 1 and re.fullmatch(
-        r"nightly: no GPU test ran \((\d+) collected, \1 skipped: needs .+\)", said[0]
-    ), said
-    summary = (report / "summary.md").read_text()
-    assert summary.splitlines() == said  # the report says it too; the scratch sweep is not compared
-    assert (report / "gpu-tests.xml").exists()
+    assert child.stdout == "" and child.stderr.count("\n") == 1, child.stdout + child.stderr
+    assert child.stderr.startswith("nightly: no CUDA GPU is visible on this machine")
+    assert list(tmp_path.iterdir()) == []  # no sweep, no report: nothing ran
+
+
+def test_both_scripts_list_the_same_cases_with_their_goldens_and_run_nothing(tmp_path):
+    nightly = _script(tmp_path, "nightly-gpu.sh", "--list")
+    refresh = _script(tmp_path, "golden-refresh.sh", "--list")
+    assert (nightly.returncode, refresh.returncode) == (0, 0), nightly.stderr + refresh.stderr
+    assert nightly.stdout == refresh.stdout
+    rows = [line.split(" ") for line in nightly.stdout.splitlines()]
+    assert [case for case, _ in rows] == [case.recipe for case in NIGHTLY_CASES]
+    for case, golden in rows:  # a golden file of the case, or '-' (none for the installed pins)
+        assert golden == "-" or (
+            golden.startswith(f"{case}__") and (ROOT / "tests" / "golden" / golden).is_file()
+        )
+    assert list(tmp_path.iterdir()) == []
