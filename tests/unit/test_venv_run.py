@@ -76,6 +76,43 @@ def test_wrong_interpreters_are_one_line_exit_2(tmp_path):
         assert result.stdout == ""
 
 
+def test_pytest_in_an_interpreter_without_xdist_or_hypothesis_is_one_line_exit_2(tmp_path):
+    # The nightly installs the project with --no-deps into the NeMo image: pyproject's addopts pass
+    # --dist (pytest-xdist) and tests/conftest.py imports hypothesis, so pytest stopped before collecting
+    # anything (issue 36, defect 6). An interpreter whose packages are this venv's, less those two.
+    site = Path(sysconfig_purelib())
+    shown = tmp_path / "site"
+    shown.mkdir()
+    for name in (
+        "torch",
+        "megatron",
+        "rich",
+        "matplotlib",
+        "packaging",
+        "yaml",
+        "pytest",
+        "_pytest",
+    ):
+        (shown / name).symlink_to(site / name)
+    interpreter = tmp_path / "interpreter"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(interpreter)], check=True, timeout=60
+    )
+    (Path(sysconfig_purelib(interpreter / "bin" / "python")) / "shown.pth").write_text(f"{shown}\n")
+    python = str(interpreter / "bin" / "python")
+    refused = _venv_run(python, "pytest", "--version")
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout + refused.stderr
+    assert refused.stderr.count("\n") == 1 and "lacks pytest-xdist, hypothesis" in refused.stderr
+    # A command that runs no tests needs neither.
+    assert _venv_run(python, "python", "-c", "pass").returncode == 0
+
+
+def sysconfig_purelib(python: Path | str = sys.executable) -> str:
+    return subprocess.check_output(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip()
+
+
 def test_a_new_venv_on_a_nearly_full_disk_is_refused_in_one_line_and_creates_nothing(tmp_path):
     """The CI machine once had 5 GB free: pip died mid-install with a traceback. A 32 MiB disk stands in
     for it; the checkout's set-up files are copied onto it."""
