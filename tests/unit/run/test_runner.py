@@ -5,7 +5,9 @@ test_container_stack.py). Fault-injection runs live in test_faults.py."""
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import time
 
 import pytest
@@ -16,6 +18,7 @@ from harness.golden.format import golden_from_records
 from harness.golden.judge import compare_records
 from harness.record.io import load_records
 from harness.report.sweep import sweep_report, sweep_report_json
+from harness.run.environment import declared_environment
 from harness.run.recipes import load_recipe
 from harness.run.runner import run_sweep
 from harness.run.torchrun import processes_with_token
@@ -57,6 +60,9 @@ def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
         assert (
             record.workload.extra["torch_compile"] == "disabled"
         )  # CPU workers run compiled helpers eagerly
+        # Each rank ran with exactly the row's declared environment (spec.json), and the record keeps it.
+        declared = json.loads((result.row_dir / "spec.json").read_text())["environment"]
+        assert record.workload.environment == declared == declared_environment(os.environ)
         for rank in (0, 1):
             assert (result.row_dir / "events" / f"rank{rank}.jsonl").stat().st_size > 0
             logs = list(result.row_dir.glob(f"torchrun/node0/*/attempt_0/{rank}/stderr.log"))
