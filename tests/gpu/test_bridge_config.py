@@ -79,11 +79,12 @@ def test_every_rows_environment_is_what_its_rank_applies(name, tmp_path, monkeyp
         cfg, _ = configure(_as_worker_sees_it(name), row)
         row_dir = tmp_path / row
         with preserved_environment():  # each row's rank starts from the launch's environment
+            os.environ.update(launched)  # as torchrun starts the rank (its own default included)
             apply_recipe_environment(cfg, Instrument(row_dir, 0, "cpu"))
             applied = recorded_environment(os.environ)
         reported = read_rank(events_path(row_dir, 0), 0).environment
         assert applied == reported == row_environment(cfg, launched), row
-        assert reported["PYTORCH_CUDA_ALLOC_CONF"] and reported["CUDA_DEVICE_MAX_CONNECTIONS"], row
+        assert "PYTORCH_CUDA_ALLOC_CONF" in reported, row  # Bridge's recipes all set the allocator
 
 
 @pytest.mark.parametrize(
@@ -328,4 +329,5 @@ def test_a_flex_dispatcher_row_is_validated_on_the_workers_gpu():
 
     if not fused_a2a.HAVE_HYBRIDEP:
         pytest.skip("HybridEP is not installed: the rows fall back to alltoall")
-    check_bridge_rows(load_recipe("nemotron-3-nano-short-1gpu"), ["[]"])
+    # EP 8 keeps HybridEP (an EP 1 recipe falls back to alltoall, which Bridge does not check).
+    check_bridge_rows(load_recipe("nemotron-3-nano-short-8gpu"), ["[]"])

@@ -66,12 +66,23 @@ def test_the_nightly_runs_bridge_and_megatron_core_at_the_projects_pins():
     assert pins < next(i for i, run in enumerate(steps) if "ci/nightly-gpu.sh" in run)
 
 
+def test_the_nightly_installs_what_the_projects_pytest_set_up_loads():
+    # addopts passes --dist (pytest-xdist), tests/conftest.py imports hypothesis: without them the GPU
+    # tests never collect in the NeMo image, whose project install is --no-deps (issue 36, defect 6).
+    steps = yaml.safe_load((WORKFLOWS / "nightly-gpu.yml").read_text())["jobs"]["gpu-tier"]["steps"]
+    runs = [step.get("run", "") for step in steps]
+    tools = next(i for i, run in enumerate(runs) if "pytest-xdist" in run)
+    assert "hypothesis" in runs[tools] and "-c ci/constraints-cpu.txt" in runs[tools]
+    assert tools < next(i for i, run in enumerate(runs) if "ci/nightly-gpu.sh" in run)
+
+
 def test_the_cpu_workflow_runs_every_step_of_ci_run():
     # .ci/run names each step as `step "NAME" COMMAND`; the workflow runs each COMMAND (pytest may add
     # a report option), so a step added to one and not the other fails here.
     ci_steps = re.findall(r'^step "[^"]+" (.+)$', (ROOT / ".ci" / "run").read_text(), re.MULTILINE)
-    # ruff check, ruff format, mypy, main job, tests, rehearsal, layouts, sweeps, revisions, unreleased
-    assert len(ci_steps) == 10, ci_steps
+    # ruff check, ruff format, mypy, main job, tests, rehearsal, layouts, sweeps, revisions, unreleased,
+    # bridge cpu
+    assert len(ci_steps) == 11, ci_steps
     steps = yaml.safe_load((WORKFLOWS / "cpu.yml").read_text())["jobs"]["cpu-tier"]["steps"]
     commands = [step["run"] for step in steps if "run" in step]
     missing = [c for c in ci_steps if not any(run.startswith(c) for run in commands)]
