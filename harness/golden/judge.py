@@ -298,9 +298,9 @@ def compare_records(
 
 
 # Across revisions a card study is judged by its effects only, each within half the smallest gap the
-# card's own conclusions rest on (docs/gpu-tier.md, "The seed studies"): Moonlight's savings split into
-# "none" (core_attn 0.01 %) and "about 1.9 %" (1.83-1.96 %), a 1.82 pp gap; its costs rank moe_act
-# (1.99 %) below core_attn (3.85 %), a 1.86 pp gap. Within 0.9 pp every such conclusion still holds.
+# card's own conclusions rest on (docs/runner.md, "The seed studies, every night"): Moonlight's savings
+# split into "none" (core_attn 0.01 %) and "about 1.9 %" (1.83-1.96 %), a 1.82 pp gap; its costs rank
+# moe_act (1.99 %) below core_attn (3.85 %), a 1.86 pp gap. Within 0.9 pp every such conclusion holds.
 EFFECT_ONLY_TOLERANCE: dict[str, dict[str, Any]] = {
     MetricName.SAVING_ALLOCATED_PCT: {"mode": "absolute", "abs": 0.9},
     MetricName.STEP_TIME_COST_PCT: {"mode": "absolute", "abs": 0.9},

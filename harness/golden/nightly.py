@@ -1,5 +1,5 @@
 """What the nightly GPU tier compares, in one place: ``tests/gpu``, ``ci/nightly-gpu.sh``,
-``ci/golden-refresh.sh`` and docs/gpu-tier.md all read ``NIGHTLY_CASES``.
+``ci/golden-refresh.sh`` and docs/runner.md all read ``NIGHTLY_CASES``.
 
 A case is a recipe whose full row set the nightly runs and compares with the golden of the installed
 stack's exact pins (``golden_for``). A card study (``seed``) without such a golden is compared by its

@@ -133,3 +133,10 @@ def test_recipes_are_the_cases(capsys):
     assert main(["nightly", "recipes"]) == 0
     assert capsys.readouterr().out.split() == [case.recipe for case in NIGHTLY_CASES]
     assert all(load_recipe(name) for name in (case.recipe for case in NIGHTLY_CASES))
+
+
+def test_the_docs_name_every_case():
+    # docs/runner.md's nightly section lists the cases in words; a case added here must appear there.
+    text = (Path(__file__).parents[3] / "docs" / "runner.md").read_text(encoding="utf-8")
+    section = text.split("## The nightly GPU tier", 1)[1].split("\n## ", 1)[0]
+    assert [case.recipe for case in NIGHTLY_CASES if f"`{case.recipe}`" not in section] == []
