@@ -18,8 +18,9 @@
 #                                           cpu-moonlight-ep2, a short overhead run): tests the script
 #
 # Prepare on the CPU machine (the device cannot reach any index), then carry build/wheels:
-#   ./venv-run pip download --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
-#       --python-version 3.12 -d build/wheels $(./venv-run python ci/gpu_check_requirements.py --pins) \
+#   ./venv-run pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux2014_x86_64 -d build/wheels $(./venv-run python ci/gpu_check_requirements.py --pins) \
 #       markdown-it-py mdurl pygments contourpy cycler fonttools kiwisolver pillow \
 #       pyparsing python-dateutil six numpy pyyaml packaging
 #   run(command="bash ci/gpu-check-h200.sh", carry=["build/wheels"], timeout_s=480)
