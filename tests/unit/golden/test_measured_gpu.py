@@ -21,7 +21,9 @@ def test_measured_records_load_and_reproduce_their_golden(measured, tmp_path, ca
     records = load_records([measured / "records"])
     assert records and all(record.outcome.status == "completed" for record in records)
     assert all(record.hardware.device not in ("cpu", "unidentified") for record in records)
-    assert main(["golden", "refresh", "--golden-dir", str(tmp_path), str(measured / "records")]) == 0
+    assert (
+        main(["golden", "refresh", "--golden-dir", str(tmp_path), str(measured / "records")]) == 0
+    )
     capsys.readouterr()
     (written,) = tmp_path.glob("*.json")
     committed_path = ROOT / "tests" / "golden" / written.name
