@@ -136,7 +136,8 @@ def test_no_path_of_a_particular_machine_is_written_into_the_project():
     found = [
         f"{name}:{number}: {match[1]}"
         for name in files
-        if not name.startswith("tests/golden/") and (project / name).is_file()
+        # goldens and measured records keep the paths of the machine that wrote them, as data
+        if not name.startswith(("tests/golden/", "tests/measured/")) and (project / name).is_file()
         for number, line in enumerate(
             (project / name).read_text(encoding="utf-8", errors="replace").splitlines(), 1
         )
