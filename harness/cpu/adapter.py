@@ -83,6 +83,17 @@ code it runs (every checkpoint class, the RNG tracker's callers) is never pinned
    import (``tensor_parallel.mappings.dist_all_gather_func``, ...) are rebound too. The values a
    collective computes are unchanged.
 
+10. Only where Transformer Engine is absent: ``TEColumnParallelGroupedLinear`` and
+   ``TERowParallelGroupedLinear``, which ``megatron.core.extensions.transformer_engine_spec_provider``
+   imports as ``None`` without TE (``TESpecProvider.grouped_mlp_modules`` then falls back to
+   ``SequentialMLP``), are bound there to the CPU stand-ins of ``harness.cpu.grouped_linear``
+   (``GROUPED_LINEAR_STAND_INS``): TE's grouped linear, per-expert GEMMs saving for backward what
+   TE v2.17.1's ``_GroupedLinear`` saves on its non-FP8 path, the per-expert *views* of the caller's
+   input (``bind_grouped_linear_without_te()``). MCore's own spec code then builds grouped-GEMM
+   experts as ``TEGroupedMLP``, and ``TEGroupedMLP``, its ``moe_act`` checkpoint, the dispatchers and
+   the router run unmodified. The self-check holds the stand-ins' numerics against per-expert
+   ``F.linear`` and that every tensor they save for the input is a view of the caller's storage.
+
 ``enable_cpu_adapter()`` is idempotent and does nothing on a machine with CUDA (the GPU tier runs
 MCore unmodified, except that without TE it needs part 3 alone: ``bind_fp8_disabled_without_te()``).
 ``init_cpu_parallel_state()`` starts a gloo process group (in-process for world size 1, or from
@@ -110,7 +121,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import random as mcore_random
 from torch.overrides import TorchFunctionMode
 
-from harness.cpu import linear_attention, mamba_kernels
+from harness.cpu import grouped_linear, linear_attention, mamba_kernels
 from harness.cpu.deferred_compile import upstream_compile
 
 # What the adapter replaces: "owner.attribute" -> {sha256[:16] of the upstream source: the revisions
@@ -177,6 +188,13 @@ LINEAR_ATTENTION_KERNELS: dict[str, Any] = {
     "l2_norm": linear_attention.l2_norm,
     "chunk_gated_delta_rule": linear_attention.chunk_gated_delta_rule,
     "chunk_gated_delta_product": linear_attention.chunk_gated_delta_product,
+}
+
+# Part 10: TE's grouped linears, as TESpecProvider names them -> their CPU stand-ins.
+GROUPED_LINEAR_SPEC_MODULE = "megatron.core.extensions.transformer_engine_spec_provider"
+GROUPED_LINEAR_STAND_INS: dict[str, Any] = {
+    "TEColumnParallelGroupedLinear": grouped_linear.CpuColumnParallelGroupedLinear,
+    "TERowParallelGroupedLinear": grouped_linear.CpuRowParallelGroupedLinear,
 }
 
 _enabled = False
@@ -477,6 +495,20 @@ def bind_linear_attention_without_fla() -> list[str]:
     return bound
 
 
+def bind_grouped_linear_without_te() -> list[str]:
+    """Part 10: bind TE's grouped-linear names that the TE spec provider left ``None`` to the CPU
+    stand-ins; returns the names bound (none where TE is installed)."""
+    if transformer_engine_available():
+        return []
+    provider = importlib.import_module(GROUPED_LINEAR_SPEC_MODULE)
+    bound = []
+    for name, stand_in in GROUPED_LINEAR_STAND_INS.items():
+        if getattr(provider, name, None) is None:
+            setattr(provider, name, stand_in)
+            bound.append(name)
+    return bound
+
+
 def enable_cpu_adapter() -> bool:
     """Install the adapter once; returns True when it is active (False on a CUDA machine)."""
     global _enabled
@@ -496,6 +528,7 @@ def enable_cpu_adapter() -> bool:
     bind_fp8_disabled_without_te()
     bind_mamba_kernels()
     bind_linear_attention_without_fla()
+    bind_grouped_linear_without_te()
     settle_collectives()
     _enabled = True
     return True

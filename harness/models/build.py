@@ -15,7 +15,7 @@ from harness.models.catalog import buildable_model
 from harness.models.gdn import decoder_block_spec, run_linear_attention_helpers_eagerly
 from harness.models.hybrid import build_hybrid_model
 from harness.models.mhc import use_hyper_connections
-from harness.models.moe import fit_moe_metrics_tracker
+from harness.models.moe import fit_moe_metrics_tracker, grouped_gemm_experts
 from harness.models.style import StyleModel
 
 
@@ -218,6 +218,8 @@ def build_model(
         module.to(device)
         return TinyModel(style, module, config, seq_length, micro_batch_size, torch.device(device))
     block_spec = decoder_block_spec(config)
+    for layer_spec in block_spec.layer_specs:
+        layer_spec.submodules.mlp = grouped_gemm_experts(layer_spec.submodules.mlp, config)
     set_core_attention(block_spec, attention_backend, style.mla)
     if config.sequence_parallel:
         _sequence_parallel_norms(block_spec)

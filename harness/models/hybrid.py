@@ -11,6 +11,7 @@ import torch
 from megatron.core.activations import squared_relu
 
 from harness.models.attention import core_attention_class
+from harness.models.moe import grouped_gemm_experts
 from harness.models.style import COMMON_KWARGS, MOE_KWARGS, StyleModel
 
 GDP_MODULE = "megatron.core.ssm.gated_delta_product"
@@ -137,7 +138,7 @@ def hybrid_stack_spec(
                 module=MoETransformerLayer,
                 submodules=TransformerLayerSubmodules(
                     pre_mlp_layernorm=moe.pre_mlp_layernorm,
-                    mlp=moe.mlp,
+                    mlp=grouped_gemm_experts(moe.mlp, config),
                     mlp_bda=get_bias_dropout_add,
                 ),
             ),

@@ -4,7 +4,11 @@ process-global MoE metrics tracker their routers record into."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import inspect
+from typing import Any
 
 import torch
 from megatron.core.activations import squared_relu
@@ -85,3 +89,43 @@ def fit_moe_metrics_tracker(num_layers: int) -> None:
         entry.values.numel() != num_layers for entry in get_moe_metrics_tracker().metrics.values()
     ):
         destroy_moe_metrics_tracker()
+
+
+def _moe_submodules(mlp_spec: Any) -> Any:
+    """The ``MoESubmodules`` of a MoE layer's MLP spec (a ``partial`` of ``MoELayer`` or a
+    ``ModuleSpec`` of it), or None for any other MLP spec."""
+    from megatron.core.transformer.moe.moe_layer import MoELayer
+
+    if isinstance(mlp_spec, functools.partial) and mlp_spec.func is MoELayer:
+        return mlp_spec.keywords.get("submodules")
+    if getattr(mlp_spec, "module", None) is MoELayer:
+        return mlp_spec.submodules
+    return None
+
+
+def grouped_gemm_experts(mlp_spec: Any, config: Any) -> Any:
+    """A MoE layer's MLP spec whose experts are what Megatron Core's Transformer Engine spec builds
+    for ``moe_grouped_gemm`` (``TESpecProvider.grouped_mlp_modules``: ``TEGroupedMLP`` over TE's
+    grouped linears, the CPU adapter's stand-ins where TE is absent), as the GPU recipes run; the
+    local spec builds ``SequentialMLP`` there, where ``moe_act`` does nothing. Any other spec, a
+    config without grouped GEMM, or a tree whose TE spec has no grouped linear, is returned as it is.
+    """
+    from megatron.core.extensions import transformer_engine_spec_provider as te_spec
+
+    submodules = _moe_submodules(mlp_spec)
+    if (
+        submodules is None
+        or not config.moe_grouped_gemm
+        or te_spec.TEColumnParallelGroupedLinear is None
+    ):
+        return mlp_spec
+    grouped = dataclasses.replace(
+        submodules, experts=te_spec.TESpecProvider().grouped_mlp_modules(True)
+    )
+    if isinstance(mlp_spec, functools.partial):
+        return functools.partial(
+            mlp_spec.func, *mlp_spec.args, **{**mlp_spec.keywords, "submodules": grouped}
+        )
+    spec = copy.copy(mlp_spec)
+    spec.submodules = grouped
+    return spec
