@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.config.labels import accepted_labels
+
 
 @dataclass(frozen=True)
 class LabelFacts:
@@ -19,8 +21,9 @@ class LabelFacts:
 
 
 LABEL_FACTS: dict[str, LabelFacts] = {
-    # In 0.19.2 ``moe_act`` is read only by TEGroupedMLP.__init__; without TE, grouped-GEMM experts are
-    # built as SequentialMLP.
+    # In 0.19.2 ``moe_act`` is read only by TEGroupedMLP.__init__; without TE, MCore's specs build
+    # grouped-GEMM experts as SequentialMLP (on CPU the style models build TEGroupedMLP over the
+    # adapter's grouped-linear stand-ins, harness.cpu.grouped_linear).
     "moe_act": LabelFacts(
         te_class="TEGroupedMLP",
         te_where="megatron/core/transformer/moe/experts.py",
@@ -39,3 +42,30 @@ LABEL_FACTS: dict[str, LabelFacts] = {
         )
     ),
 }
+
+
+# Which of Megatron Core's checkpoint classes each label's recompute runs through (0.18.2 to the
+# head: ``tensor_parallel.checkpoint`` is CheckpointFunction; the output-discard sites build
+# CheckpointWithoutOutput). Full recompute (recompute.py) runs through CheckpointFunction too.
+CHECKPOINT_LABELS: dict[str, tuple[str, ...]] = {
+    "CheckpointFunction": ("core_attn", "mlp", "moe", "shared_experts", "full recompute"),
+    "CheckpointWithoutOutput": (
+        "layernorm",
+        "mla_up_proj",
+        "moe_act",
+        "gdn_norm_out",
+        "gdp_in_proj",
+        "gdp_qkv",
+    ),
+}
+
+
+def labels_relying_on(checkpoint: str) -> tuple[str, ...]:
+    """The labels (and ``full recompute``) whose recompute runs through ``checkpoint``, among those
+    the installed validator accepts."""
+    known = accepted_labels()
+    return tuple(
+        label
+        for label in CHECKPOINT_LABELS[checkpoint]
+        if label == "full recompute" or label in known
+    )

@@ -5,10 +5,11 @@ Megatron Core as it is, including every checkpoint class and every caller of the
 the adapter still means what it claims on the revision at hand is therefore checked by behaviour, not
 by source text:
 
-1. RNG replay: a block that draws dropout masks (inside the tracker's fork and outside it) gives
-   bitwise the same output and gradients through ``CheckpointFunction`` and through the output-discard
-   ``CheckpointWithoutOutput`` (its output really discarded) as under plain autograd. A broken CPU RNG
-   state (the tracker's generator not being the one dropout draws from) replays other masks.
+1. RNG state (the adapter's part 2): the state ``_get_cuda_rng_state`` saves, restored by
+   ``_set_cuda_rng_state``, replays the same dropout mask, inside the RNG tracker's fork and outside
+   it, and ``torch.cuda.get_rng_state`` / ``manual_seed`` are the generator dropout draws from. A
+   broken CPU RNG state (the tracker's generator not being the one dropout draws from) replays other
+   masks.
 2. Transformer Engine names: every global name that the output-discard path's code objects look up
    (``CheckpointWithoutOutput*`` and the module functions and classes they reach, transitively) is
    bound, in the module or builtins, or bound by the adapter (``FP8_DISABLED_NAMES``). An unbound one
@@ -17,8 +18,16 @@ by source text:
    module global still names one of torch's own collectives, and all-reduces on the gloo group leave
    their tensor with the reference count it had. A step's tensor held by gloo past the call would be
    counted at a phase's peak by the machine's load.
+4. TE's grouped linear (the adapter's part 10, where bound): the CPU stand-ins compute per-expert
+   ``F.linear`` and its gradients, and every tensor they save for their input is a view of the
+   caller's storage, as TE's ``_GroupedLinear`` saves it (``harness.cpu.grouped_linear``).
 
-``self_check_problems()`` returns one line per failure (empty: the adapter works here).
+Megatron Core's own checkpoint classes are not the adapter's: ``checkpoint_findings()`` runs them
+under dropout (``CheckpointFunction`` and ``CheckpointWithoutOutput`` against plain autograd, bitwise;
+the latter's output really freed) and returns what misbehaves, with the labels that rely on it. That
+is a finding of the probe (judged, exit 1), never a refusal: it is what the harness exists to catch.
+
+``self_check_problems()`` returns one line per failure of the adapter (empty: it works here).
 """
 
 from __future__ import annotations
@@ -26,21 +35,27 @@ from __future__ import annotations
 import ast
 import builtins
 import dis
+import importlib
 import inspect
 import types
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from megatron.core.tensor_parallel import random as mcore_random
 
+from harness.config.label_facts import labels_relying_on
 from harness.config.revisions import collect_revisions
 from harness.cpu.adapter import (
+    GROUPED_LINEAR_SPEC_MODULE,
+    GROUPED_LINEAR_STAND_INS,
     init_cpu_parallel_state,
     replaced_drift,
     reseed,
     unsettled_megatron_globals,
 )
+from harness.cpu.grouped_linear import CpuGroupedLinear
 from harness.errors import UsageError
 
 # Entry points of the output-discard path; absent ones (older revisions) are skipped.
@@ -177,10 +192,60 @@ class _OutputDiscard:
         self.discarded = self.output is not None and self.output.untyped_storage().nbytes() == 0
 
 
-def replay_problems() -> list[str]:
-    """One line per checkpoint whose replay under dropout is not bitwise plain autograd's."""
-    expected = _run(_dropout_block)
+def rng_problems() -> list[str]:
+    """Check 1: one line per way the adapter's RNG state is not the generator dropout draws from."""
     problems = []
+    ones = torch.ones(256)
+
+    def draw() -> torch.Tensor:
+        return torch.nn.functional.dropout(ones, _DROPOUT, training=True)
+
+    reseed(_SEED)
+    state = mcore_random._get_cuda_rng_state()
+    first = draw()
+    mcore_random._set_cuda_rng_state(state)
+    if not torch.equal(first, draw()):
+        problems.append(
+            "the RNG state _get_cuda_rng_state saves, restored by _set_cuda_rng_state, does not "
+            "replay a dropout mask"
+        )
+    tracker = mcore_random.get_cuda_rng_tracker()
+    states = tracker.get_states()
+    with tracker.fork():
+        first = draw()
+    tracker.set_states(states)
+    with tracker.fork():
+        if not torch.equal(first, draw()):
+            problems.append("the RNG tracker's restored state does not replay a dropout mask")
+    torch.cuda.manual_seed(_SEED)
+    seeded = draw()
+    torch.manual_seed(_SEED)
+    if not torch.equal(seeded, draw()):
+        problems.append("torch.cuda.manual_seed does not seed the generator dropout draws from")
+    return problems
+
+
+@dataclass(frozen=True)
+class CheckpointFinding:
+    """Megatron Core's own checkpoint class misbehaving under dropout, and the labels relying on it."""
+
+    checkpoint: str
+    problem: str
+    labels: tuple[str, ...]
+
+    def line(self) -> str:
+        return (
+            f"Megatron Core's {self.problem}; the rows relying on {self.checkpoint}: "
+            f"{', '.join(self.labels)}"
+        )
+
+
+def checkpoint_findings() -> list[CheckpointFinding]:
+    """Megatron Core's ``CheckpointFunction`` and ``CheckpointWithoutOutput`` run under dropout:
+    each that does not replay bitwise plain autograd's loss and gradients, or (the latter) keeps its
+    output's storage, with the labels relying on it. The code under test: judged, never refused."""
+    expected = _run(_dropout_block)
+    findings = []
     output_discard = _OutputDiscard()
     for name, forward in (
         (
@@ -192,7 +257,8 @@ def replay_problems() -> list[str]:
         try:
             actual = _run(forward)
         except Exception as exc:  # noqa: BLE001 - any failure of the real checkpoint is the verdict
-            problems.append(f"{name} raised under dropout: {type(exc).__name__}: {exc}")
+            problem = f"{name} raised under dropout: {type(exc).__name__}: {exc}"
+            findings.append(CheckpointFinding(name, problem, labels_relying_on(name)))
             continue
         differing = [
             what
@@ -202,12 +268,90 @@ def replay_problems() -> list[str]:
             if b is None or not torch.equal(a, b)
         ]
         if differing:
-            problems.append(
-                f"{name} does not replay dropout bitwise (differs in {', '.join(differing)})"
-            )
-    if not problems and not output_discard.discarded:
-        problems.append("CheckpointWithoutOutput kept its output's storage (no discard happened)")
+            problem = f"{name} does not replay dropout bitwise (differs in {', '.join(differing)})"
+            findings.append(CheckpointFinding(name, problem, labels_relying_on(name)))
+    if not output_discard.discarded:
+        name = "CheckpointWithoutOutput"
+        if not any(finding.checkpoint == name for finding in findings):
+            problem = f"{name} kept its output's storage (no discard happened)"
+            findings.append(CheckpointFinding(name, problem, labels_relying_on(name)))
+    return findings
+
+
+def _config_for_stand_ins() -> Any:
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1)
+
+
+def saved_input_problems(linear_class: type[CpuGroupedLinear] | Any) -> list[str]:
+    """Check 4 for one grouped-linear class: per-expert ``F.linear`` and its gradients, and every
+    saved tensor that is not a parameter a view of the caller's input storage (TE's non-FP8 path)."""
+    generator = torch.Generator().manual_seed(_SEED)
+    config = _config_for_stand_ins()
+    linear = linear_class(
+        3,
+        8,
+        6,
+        config=config,
+        init_method=lambda w: torch.nn.init.normal_(w, generator=generator),
+        bias=False,
+        skip_bias_add=False,
+        is_expert=True,
+    )
+    name = linear_class.__name__
+    splits = [2, 0, 3]
+    x = torch.randn(sum(splits), linear.in_features, generator=generator, requires_grad=True)
+    parameters = {id(p) for p in linear.parameters()}
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        out, _ = linear(x, splits)
+    problems = []
+    activations = [t for t in saved if id(t) not in parameters and t.numel()]
+    foreign = [
+        tuple(t.shape)
+        for t in activations
+        if t.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+    ]
+    if foreign:
+        problems.append(
+            f"{name} saves {len(foreign)} tensor(s) {foreign} that are not views of its input: "
+            "TE's GroupedLinear saves the per-expert views (an output-discard checkpoint frees them)"
+        )
+    weights = [getattr(linear, f"weight{i}") for i in range(linear.num_gemms)]
+    expected = torch.cat(
+        [torch.nn.functional.linear(part, w) for part, w in zip(x.split(splits), weights)]
+    )
+    (out * out).sum().backward()
+    grads = [x.grad, *(w.grad for w in weights)]
+    x_ref = x.detach().clone().requires_grad_(True)
+    weights_ref = [w.detach().clone().requires_grad_(True) for w in weights]
+    reference = torch.cat(
+        [torch.nn.functional.linear(p, w) for p, w in zip(x_ref.split(splits), weights_ref)]
+    )
+    (reference * reference).sum().backward()
+    if not torch.allclose(out, expected) or not all(
+        g is not None and torch.allclose(g, r.grad)
+        for g, r in zip(grads, [x_ref, *weights_ref], strict=True)
+    ):
+        problems.append(f"{name} does not compute per-expert F.linear and its gradients")
     return problems
+
+
+def grouped_linear_problems() -> list[str]:
+    """Check 4: the stand-ins the adapter bound (none where TE is installed)."""
+    provider = importlib.import_module(GROUPED_LINEAR_SPEC_MODULE)
+    return [
+        problem
+        for name, stand_in in GROUPED_LINEAR_STAND_INS.items()
+        if getattr(provider, name, None) is stand_in
+        for problem in saved_input_problems(stand_in)
+    ]
 
 
 def collective_problems(calls: int = 200) -> list[str]:
@@ -237,7 +381,7 @@ def self_check_problems() -> list[str]:
         + f", which {', '.join(sorted(set(where)))} looks up in {mcore_random.__name__}"
         for name, where in sorted(unbound_output_discard_names().items())
     ]
-    return problems or replay_problems() + collective_problems()
+    return problems or rng_problems() + collective_problems() + grouped_linear_problems()
 
 
 def require_working_adapter(action: str) -> list[str]:

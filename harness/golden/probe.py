@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.cpu.attention import RECORD_NAMES
-from harness.cpu.self_check import require_working_adapter
+from harness.cpu.self_check import checkpoint_findings, require_working_adapter
 from harness.errors import UsageError
 from harness.files import require_writable_dir
 from harness.golden.format import Golden, golden_from_records
@@ -336,18 +336,26 @@ class GoldenStep:
     """The golden step of one probe: a verdict per pass, in the passes' order."""
 
     verdicts: tuple[PassVerdict, ...]
+    # Megatron Core's own checkpoint classes misbehaving under dropout, one line each naming the rows
+    # that rely on them (``harness.cpu.self_check.checkpoint_findings``): a finding, never a refusal.
+    checkpoint_findings: tuple[str, ...] = ()
 
     @property
     def differs(self) -> bool:
-        """Whether any golden differed or could not be written."""
-        return any(v.outcome in ("differs", "not-written") or v.problems for v in self.verdicts)
+        """Whether any golden differed or could not be written, or a checkpoint class misbehaves."""
+        return bool(self.checkpoint_findings) or any(
+            v.outcome in ("differs", "not-written") or v.problems for v in self.verdicts
+        )
 
     @property
     def written(self) -> list[str]:
         return [str(v.golden) for v in self.verdicts if v.outcome == "wrote"]
 
     def lines(self) -> list[str]:
-        return [line for verdict in self.verdicts for line in verdict.lines()]
+        return [
+            *self.checkpoint_findings,
+            *(line for verdict in self.verdicts for line in verdict.lines()),
+        ]
 
 
 def golden_step(
@@ -388,4 +396,5 @@ def golden_step(
             verdicts.append(PassVerdict(probe, path, "differs", (*problems, refresh)))
         else:
             verdicts.append(PassVerdict(probe, path, "matches"))
-    return GoldenStep(tuple(verdicts))
+    findings = tuple(finding.line() for finding in checkpoint_findings())
+    return GoldenStep(tuple(verdicts), findings)

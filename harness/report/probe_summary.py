@@ -116,6 +116,8 @@ def probe_summary(
         summary.add(
             "raised", f"{len(errors)} row(s) (status error; the rest was probed)", errors[0]
         )
+    findings = golden.checkpoint_findings if golden is not None else ()
+    summary.add("checkpoint", *findings)
     summary.add("unmeasured", *_unmeasured(probes))
     summary.add("not probed", *(line.removeprefix("not probed here: ") for line in not_probed))
     summary.add("adapter", *(f"replaced object changed since review: {d}" for d in adapter_drift))
@@ -124,6 +126,9 @@ def probe_summary(
     if errors:
         summary.passed = False
         summary.verdict = f"{len(errors)} row(s) raised: {errors[0]}"
+    elif findings and checking:
+        summary.passed = False
+        summary.verdict = findings[0]
     elif golden is not None and golden.differs:
         bad = sum(
             v.outcome in ("differs", "not-written") or bool(v.problems) for v in golden.verdicts
