@@ -3,14 +3,18 @@
 Each side is probed in its own child process (``harness.probe.workers.tree_side``) with its tree first on
 ``PYTHONPATH``; both run at once. The report names labels added / removed, validator rules that
 appeared / vanished (a rule "can fire" on a tree when one of its source strings can say the rule's
-message: ``harness.matrix.drift.dead_rules``), and per model and label every probe value that changed.
+message: ``harness.matrix.drift.dead_rules``), ``TransformerConfig`` fields added / removed that the
+recompute sources read (the recompute surface itself: Megatron-LM #4921's opt-in
+``skip_final_recompute``), and per model and label every probe value that changed.
 Two trees whose values are all equal are "same behaviour", whatever their fingerprints.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -167,6 +171,48 @@ def firing_rules(core: Path) -> set[str]:
     }
 
 
+CONFIG_SOURCE = "transformer/transformer_config.py"
+
+
+def config_fields(core: Path) -> set[str]:
+    """The fields ``TransformerConfig`` declares in this tree (its class body's annotated names)."""
+    module = ast.parse((core / CONFIG_SOURCE).read_text(encoding="utf-8", errors="replace"))
+    return {
+        statement.target.id
+        for node in module.body
+        if isinstance(node, ast.ClassDef) and node.name == "TransformerConfig"
+        for statement in node.body
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
+    }
+
+
+def recompute_readers(core: Path, name: str) -> list[str]:
+    """The recompute sources (those the fingerprint covers) other than the config itself that name
+    the field (``config.<name>``, ``getattr(config, "<name>", ...)``)."""
+    reads = re.compile(rf"\bconfig\.{re.escape(name)}\b|\bconfig\s*,\s*[\"']{re.escape(name)}[\"']")
+    return [
+        relative
+        for relative in fingerprint_sources(core)
+        if relative != CONFIG_SOURCE
+        and reads.search((core / relative).read_text(encoding="utf-8", errors="replace"))
+    ]
+
+
+def recompute_field_changes(a: Path, b: Path) -> tuple[list[str], list[str]]:
+    """(added, removed) ``TransformerConfig`` fields that the recompute sources of the tree holding
+    them read, each as ``name (read by file, ...)``."""
+    fields = config_fields(a), config_fields(b)
+
+    def read(core: Path, names: set[str]) -> list[str]:
+        return [
+            f"{name} (read by {', '.join(readers)})"
+            for name in sorted(names)
+            if (readers := recompute_readers(core, name))
+        ]
+
+    return read(b, fields[1] - fields[0]), read(a, fields[0] - fields[1])
+
+
 def _not_bitwise(equivalence: dict[str, Any] | None) -> int | None:
     if equivalence is None:
         return None
@@ -215,6 +261,8 @@ class TreeDiff:
     rules_appeared: list[str] = field(default_factory=list)
     rules_vanished: list[str] = field(default_factory=list)
     changes: list[str] = field(default_factory=list)
+    fields_added: list[str] = field(default_factory=list)
+    fields_removed: list[str] = field(default_factory=list)
 
     @property
     def probed(self) -> list[str]:
@@ -232,6 +280,8 @@ class TreeDiff:
             or self.rules_appeared
             or self.rules_vanished
             or self.changes
+            or self.fields_added
+            or self.fields_removed
         )
 
     def lines(self) -> list[str]:
@@ -254,6 +304,8 @@ class TreeDiff:
             ("labels removed", self.labels_removed),
             ("rules appeared", self.rules_appeared),
             ("rules vanished", self.rules_vanished),
+            ("recompute config fields added", self.fields_added),
+            ("recompute config fields removed", self.fields_removed),
         ):
             out.append(f"{what}: {', '.join(items) if items else 'none'}")
         out.append(f"probe values changed: {len(self.changes)}")
@@ -282,6 +334,8 @@ class TreeDiff:
             "rules_appeared": self.rules_appeared,
             "rules_vanished": self.rules_vanished,
             "changes": self.changes,
+            "recompute_config_fields_added": self.fields_added,
+            "recompute_config_fields_removed": self.fields_removed,
             "same_behaviour": not self.changed,
         }
 
@@ -302,4 +356,5 @@ def diff_trees(
         sorted(rules[1] - rules[0]),
         sorted(rules[0] - rules[1]),
         value_changes(sides[0]["probes"], sides[1]["probes"]),
+        *recompute_field_changes(*cores),
     )

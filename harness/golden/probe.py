@@ -9,6 +9,7 @@ verdicts are pinned by the compatibility matrix; the deadlock by its own unit te
 
 from __future__ import annotations
 
+import re
 import socket
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,7 @@ from harness.golden.store import (
     writable,
     write_golden,
 )
+from harness.models import buildable_models
 from harness.probe.measurement.peaks import PHASES
 from harness.probe.measurement.status import ERROR, Equivalence
 from harness.probe.present.coverage import describe_unmeasured, unmeasured_entries
@@ -339,6 +341,9 @@ class GoldenStep:
     # Megatron Core's own checkpoint classes misbehaving under dropout, one line each naming the rows
     # that rely on them (``harness.cpu.self_check.checkpoint_findings``): a finding, never a refusal.
     checkpoint_findings: tuple[str, ...] = ()
+    # After a run of every buildable model: this revision's goldens the run did not judge (other
+    # layouts, the other attention back end), one line per command that judges them.
+    not_judged: tuple[str, ...] = ()
 
     @property
     def differs(self) -> bool:
@@ -397,4 +402,49 @@ def golden_step(
         else:
             verdicts.append(PassVerdict(probe, path, "matches"))
     findings = tuple(finding.line() for finding in checkpoint_findings())
-    return GoldenStep(tuple(verdicts), findings)
+    return GoldenStep(tuple(verdicts), findings, _not_judged(probes, verdicts, golden_dir))
+
+
+_RECIPE = re.compile(
+    r"cpu-probe-(?P<model>.+?)(?P<fused>-fused)?(?:-bf16)?"
+    r"(?:-pp(?P<pp>\d+)-stage\d+)?(?:-tp(?P<tp>\d+)-sp)?"
+)
+
+
+def _judging_command(recipe: str) -> str:
+    """The command that judges the CPU golden of ``recipe`` (a ``recipe_name``)."""
+    parts = _RECIPE.fullmatch(recipe)
+    if parts is None:
+        return "./venv-run recompute-harness probe --all --check-golden"
+    if parts["pp"] or parts["tp"]:
+        layout = (
+            f"--pipeline-parallel {parts['pp']}"
+            if parts["pp"]
+            else f"--tensor-parallel {parts['tp']}"
+        )
+        return (
+            f"./venv-run recompute-harness probe --model {parts['model']} {layout} --check-golden"
+        )
+    backend = " --attention-backend fused" if parts["fused"] else ""
+    return f"./venv-run recompute-harness probe --all{backend} --check-golden"
+
+
+def _not_judged(
+    probes: list[ModelProbe], verdicts: list[PassVerdict], golden_dir: Path | None
+) -> tuple[str, ...]:
+    """This revision's CPU goldens that a run of every buildable model left unjudged, grouped by the
+    command that judges them ("" for a run of some models only: naming the rest would be noise)."""
+    if not verdicts or {p.model for p in probes} != set(buildable_models()):
+        return ()
+    judged = {v.golden.name for v in verdicts}
+    pins = {v.golden.name.split("__", 1)[1] for v in verdicts}
+    directory = directory_for("cpu-probe", golden_root(golden_dir))
+    by_command: dict[str, list[str]] = {}
+    for path in sorted(directory.glob("cpu-probe-*.json")):
+        recipe, _, pin = path.name.partition("__")
+        if pin in pins and path.name not in judged:
+            by_command.setdefault(_judging_command(recipe), []).append(recipe)
+    return tuple(
+        f"{len(recipes)} ({', '.join(recipes)}): {command}"
+        for command, recipes in by_command.items()
+    )

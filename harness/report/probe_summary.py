@@ -118,6 +118,7 @@ def probe_summary(
         )
     findings = golden.checkpoint_findings if golden is not None else ()
     summary.add("checkpoint", *findings)
+    summary.add("not judged", *(golden.not_judged if golden is not None else ()))
     summary.add("unmeasured", *_unmeasured(probes))
     summary.add("not probed", *(line.removeprefix("not probed here: ") for line in not_probed))
     summary.add("adapter", *(f"replaced object changed since review: {d}" for d in adapter_drift))
