@@ -17,7 +17,8 @@ non-FP8 path taken when ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM`` is unset,
   ``(num_gemms, input_size, output_size, *, config, init_method, bias, skip_bias_add, is_expert,
   tp_comm_buffer_name, pg_collection, name)``; one weight per local expert, ``weight{i}`` of shape
   ``[out, in]`` (TE's names), each initialised by ``init_method`` inside the expert-parallel RNG
-  tracker's fork, as TE's ``reset_parameters`` does through ``rng_tracker_name``. Expert TP is
+  tracker's fork, as TE's ``reset_parameters`` does through ``rng_tracker_name`` (nothing without
+  ``perform_initialization``: MCore hands TE ``condition_init_method``'s no-op then). Expert TP is
   handled by the token dispatcher (``explicit_expert_comm``): the column-parallel linear holds
   ``output_size / expert_tp`` outputs, the row-parallel one ``input_size / expert_tp`` inputs, and
   neither communicates;
@@ -44,6 +45,7 @@ weights, CPU offloading and fused weight-gradient accumulation are not supported
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -165,11 +167,15 @@ class CpuGroupedLinear(torch.nn.Module):
             weight = torch.nn.Parameter(
                 torch.empty(output_size, input_size, dtype=config.params_dtype)
             )
-            if tracker.is_initialized():
-                with tracker.fork(get_expert_parallel_rng_tracker_name()):
+            # Without perform_initialization MCore's condition_init_method hands TE a no-op.
+            if config.perform_initialization:
+                expert_stream = (
+                    tracker.fork(get_expert_parallel_rng_tracker_name())
+                    if tracker.is_initialized()
+                    else contextlib.nullcontext()
+                )
+                with expert_stream:
                     init_method(weight)
-            else:
-                init_method(weight)
             self.register_parameter(f"weight{i}", weight)
             if bias:
                 self.register_parameter(

@@ -10,6 +10,9 @@ harness/cpu/linear_attention.py); ``gdp-tiny`` is a ``HybridModel`` too.
 ``KVChannelsDotProductAttention``: MCore's MLA builds its core attention with ``k_channels`` /
 ``v_channels``, which the local ``DotProductAttention`` does not accept; ours accepts them so MCore's
 MLA projection code (where ``mla_up_proj`` lives) runs unmodified. ``FusedCoreAttention`` (harness/cpu/attention.py) for ``attention_backend="fused"``.
+MoE models with ``moe_grouped_gemm`` (every MoE style model, as both GPU recipes) take their experts
+from MCore's Transformer Engine spec (``moe.grouped_gemm_experts``): ``TEGroupedMLP``, whose linears
+are the CPU adapter's stand-ins of TE's grouped linear where TE is absent (harness/cpu/grouped_linear.py).
 
 ``build_model`` is device-agnostic: the CPU probe calls it after ``enable_cpu_adapter()``; the runner's
 ``mcore`` back end calls it on CPU (under the adapter) and with ``device="cuda"`` on GPU.
@@ -31,6 +34,7 @@ from harness.models.catalog import (
     style_model,
 )
 from harness.models.hybrid import hybrid_stack_spec
+from harness.models.moe import grouped_gemm_experts
 from harness.models.style import StyleModel
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "build_model",
     "buildable_model",
     "buildable_models",
+    "grouped_gemm_experts",
     "hybrid_stack_spec",
     "not_on_this_tree",
     "not_probed_lines",

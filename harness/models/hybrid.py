@@ -138,7 +138,7 @@ def hybrid_stack_spec(
                 module=MoETransformerLayer,
                 submodules=TransformerLayerSubmodules(
                     pre_mlp_layernorm=moe.pre_mlp_layernorm,
-                    mlp=grouped_gemm_experts(moe.mlp, config),
+                    mlp=moe.mlp,
                     mlp_bda=get_bias_dropout_add,
                 ),
             ),
@@ -200,13 +200,17 @@ def _mixer_spec(gated_delta_product: bool) -> Any:
 def build_hybrid_model(
     style: StyleModel, config: Any, attention_backend: str, seq_length: int
 ) -> torch.nn.Module:
-    """MCore's ``HybridModel`` of ``style.hybrid_pattern`` over ``hybrid_stack_spec``; no position
-    embedding, as Nemotron-H has none (its attention layers take no RoPE)."""
+    """MCore's ``HybridModel`` of ``style.hybrid_pattern`` over ``hybrid_stack_spec``, its MoE
+    experts those of MCore's TE spec (``grouped_gemm_experts``); no position embedding, as
+    Nemotron-H has none (its attention layers take no RoPE)."""
     from megatron.core.models.hybrid.hybrid_model import HybridModel
 
+    stack_spec = hybrid_stack_spec(config, attention_backend, style.gated_delta_product)
+    moe_layer = stack_spec.submodules.moe_layer.submodules
+    moe_layer.mlp = grouped_gemm_experts(moe_layer.mlp, config)
     return HybridModel(
         config,
-        hybrid_stack_spec(config, attention_backend, style.gated_delta_product),
+        stack_spec,
         vocab_size=style.vocab_size,
         max_sequence_length=seq_length,
         hybrid_layer_pattern=style.hybrid_pattern,

@@ -53,8 +53,8 @@ def test_self_check_passes_on_the_installed_revision(cpu_group):
 def test_self_check_fails_when_the_rng_state_saved_is_not_the_one_dropout_draws_from(
     monkeypatch, cpu_group
 ):
-    # A broken "CUDA" RNG state: each save answers some other generator's state, so a replay
-    # restores masks that the forward never drew.
+    # A broken "CUDA" RNG state (the adapter's part 2): each save answers some other generator's
+    # state, so a restore replays masks that were never drawn. The adapter's fault: refused.
     from megatron.core.tensor_parallel import random as mcore_random
 
     seeds = itertools.count(100)
@@ -63,13 +63,33 @@ def test_self_check_fails_when_the_rng_state_saved_is_not_the_one_dropout_draws_
         "_get_cuda_rng_state",
         lambda *args, **kwargs: torch.Generator().manual_seed(next(seeds)).get_state(),
     )
-    problems = self_check.replay_problems()
-    assert [line.split(" does not replay dropout bitwise")[0] for line in problems] == [
-        "CheckpointFunction",
-        "CheckpointWithoutOutput",
-    ], problems
+    assert self_check.rng_problems() == [
+        (
+            "the RNG state _get_cuda_rng_state saves, restored by _set_cuda_rng_state, does not "
+            "replay a dropout mask"
+        )
+    ]
     with pytest.raises(UsageError, match=r"refusing to judge CPU goldens: .*fails its self-check"):
         self_check.require_working_adapter("judge CPU goldens")
+
+
+def test_megatron_cores_checkpoints_replay_bitwise_here(cpu_group):
+    assert self_check.checkpoint_findings() == []
+
+
+def test_a_checkpoint_class_misbehaving_is_a_finding_not_a_refusal(monkeypatch, cpu_group):
+    # The code under test misbehaving (the unreleased step edits random.py itself; here the
+    # adapter's own RNG restore is broken, which both checkpoint classes call): the findings name
+    # the labels relying on each class, and the same state broken in the adapter is refused.
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    monkeypatch.setattr(mcore_random, "_set_cuda_rng_state", lambda *args, **kwargs: None)
+    findings = self_check.checkpoint_findings()
+    assert [(f.checkpoint, f.labels[:2]) for f in findings] == [
+        ("CheckpointFunction", ("core_attn", "mlp")),
+        ("CheckpointWithoutOutput", ("layernorm", "mla_up_proj")),
+    ]
+    assert "moe_act" in findings[1].labels and "full recompute" in findings[0].labels
 
 
 def test_self_check_names_an_unbound_te_name_on_the_output_discard_path(monkeypatch, cpu_group):
