@@ -16,9 +16,10 @@ non-FP8 path taken when ``NVTE_GROUPED_LINEAR_USE_FUSED_GROUPED_GEMM`` is unset,
 - constructed as Megatron Core 0.18.2 to the head construct ``TE*ParallelGroupedLinear``:
   ``(num_gemms, input_size, output_size, *, config, init_method, bias, skip_bias_add, is_expert,
   tp_comm_buffer_name, pg_collection, name)``; one weight per local expert, ``weight{i}`` of shape
-  ``[out, in]`` (TE's names), each initialised by ``init_method`` inside the expert-parallel RNG
-  tracker's fork, as TE's ``reset_parameters`` does through ``rng_tracker_name`` (nothing without
-  ``perform_initialization``: MCore hands TE ``condition_init_method``'s no-op then). Expert TP is
+  ``[out, in]`` (TE's names), each initialised by ``init_method``: from the default generator under
+  ``use_cpu_initialization`` (as MCore's own linears draw CPU master weights), else inside the
+  expert-parallel RNG tracker's fork, as TE's ``reset_parameters`` does through ``rng_tracker_name``
+  (nothing without ``perform_initialization``: MCore hands TE ``condition_init_method``'s no-op). Expert TP is
   handled by the token dispatcher (``explicit_expert_comm``): the column-parallel linear holds
   ``output_size / expert_tp`` outputs, the row-parallel one ``input_size / expert_tp`` inputs, and
   neither communicates;
@@ -167,11 +168,15 @@ class CpuGroupedLinear(torch.nn.Module):
             weight = torch.nn.Parameter(
                 torch.empty(output_size, input_size, dtype=config.params_dtype)
             )
-            # Without perform_initialization MCore's condition_init_method hands TE a no-op.
+            # Without perform_initialization MCore's condition_init_method hands TE a no-op. With
+            # use_cpu_initialization (the CPU probe's) the default generator draws, as MCore's own
+            # linears draw their CPU master weights, so a model's weights depend only on the seed
+            # build_model sets, never on what the process built before (the expert RNG tracker's
+            # stream, TE's on GPU, moves on with every build).
             if config.perform_initialization:
                 expert_stream = (
                     tracker.fork(get_expert_parallel_rng_tracker_name())
-                    if tracker.is_initialized()
+                    if tracker.is_initialized() and not config.use_cpu_initialization
                     else contextlib.nullcontext()
                 )
                 with expert_stream:

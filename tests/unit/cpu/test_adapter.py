@@ -7,6 +7,7 @@ import itertools
 import pytest
 import torch
 
+from harness.config.label_facts import labels_relying_on
 from harness.cpu import adapter, self_check
 from harness.errors import UsageError
 
@@ -77,19 +78,26 @@ def test_megatron_cores_checkpoints_replay_bitwise_here(cpu_group):
     assert self_check.checkpoint_findings() == []
 
 
-def test_a_checkpoint_class_misbehaving_is_a_finding_not_a_refusal(monkeypatch, cpu_group):
-    # The code under test misbehaving (the unreleased step edits random.py itself; here the
-    # adapter's own RNG restore is broken, which both checkpoint classes call): the findings name
-    # the labels relying on each class, and the same state broken in the adapter is refused.
-    from megatron.core.tensor_parallel import random as mcore_random
-
-    monkeypatch.setattr(mcore_random, "_set_cuda_rng_state", lambda *args, **kwargs: None)
-    findings = self_check.checkpoint_findings()
-    assert [(f.checkpoint, f.labels[:2]) for f in findings] == [
-        ("CheckpointFunction", ("core_attn", "mlp")),
-        ("CheckpointWithoutOutput", ("layernorm", "mla_up_proj")),
-    ]
-    assert "moe_act" in findings[1].labels and "full recompute" in findings[0].labels
+def test_a_checkpoint_finding_names_the_rows_relying_on_its_class(cpu_group):
+    # The edits of random.py that make these findings are the unreleased step's
+    # (tests/unit/commands/test_broken_checkpoints.py); here, what a finding says.
+    finding = self_check.CheckpointFinding(
+        "CheckpointWithoutOutput",
+        "CheckpointWithoutOutput kept its output's storage (no discard happened)",
+        labels_relying_on("CheckpointWithoutOutput"),
+    )
+    # 0.19.2 accepts these four output-discard labels (gdp_in_proj and gdp_qkv: the head only).
+    assert finding.line() == (
+        "Megatron Core's CheckpointWithoutOutput kept its output's storage (no discard happened); "
+        "the rows relying on CheckpointWithoutOutput: layernorm, mla_up_proj, moe_act, gdn_norm_out"
+    )
+    assert labels_relying_on("CheckpointFunction") == (
+        "core_attn",
+        "mlp",
+        "moe",
+        "shared_experts",
+        "full recompute",
+    )
 
 
 def test_self_check_names_an_unbound_te_name_on_the_output_discard_path(monkeypatch, cpu_group):
