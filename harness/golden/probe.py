@@ -444,7 +444,4 @@ def _not_judged(
         recipe, _, pin = path.name.partition("__")
         if pin in pins and path.name not in judged:
             by_command.setdefault(_judging_command(recipe), []).append(recipe)
-    return tuple(
-        f"{len(recipes)} ({', '.join(recipes)}): {command}"
-        for command, recipes in by_command.items()
-    )
+    return tuple(f"{len(recipes)} golden(s): {command}" for command, recipes in by_command.items())

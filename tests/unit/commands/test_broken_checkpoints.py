@@ -21,9 +21,16 @@ EXPERTS = Path("transformer/moe/experts.py")
 RANDOM = Path("tensor_parallel/random.py")
 
 
+def installed_tree() -> Path:
+    """The directory holding the installed ``megatron/`` (found without importing it)."""
+    core = megatron_core_root()
+    assert core is not None, "megatron-core is not installed"
+    return core.parent.parent
+
+
 def edited_tree(tmp_path: Path, relative: Path, old: str, new: str) -> Path:
     """A copy of the installed Megatron Core with one edit of ``megatron/core/<relative>``."""
-    installed = megatron_core_root().parent
+    installed = installed_tree() / "megatron"
     copy = tmp_path / "edited"
     shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
     source = copy / "megatron" / "core" / relative
@@ -61,10 +68,7 @@ def test_a_broken_moe_act_is_named_by_the_golden_check_and_by_diff(tmp_path, old
     probe = check_golden(tree)
     assert probe.returncode == 1, probe.stdout[-3000:] + probe.stderr[-2000:]
     assert "  moe_act: " in probe.stdout, probe.stdout[-3000:]
-    diff = harness_on(
-        None, "diff", "--model", "moonlight-tiny", str(megatron_core_root().parent.parent),
-        str(tree),
-    )  # fmt: skip
+    diff = harness_on(None, "diff", "--model", "moonlight-tiny", str(installed_tree()), str(tree))
     assert diff.returncode == 1, diff.stdout[-3000:] + diff.stderr[-2000:]
     assert "moe_act" in diff.stdout
 
