@@ -260,12 +260,12 @@ def test_mlp_label_switches_only_dense_layers(build):
 
 
 def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
-    from harness.cpu.adapter import transformer_engine_available
+    from megatron.core.models.backends import LocalSpecProvider
+    from megatron.core.process_groups_config import ProcessGroupCollection
 
-    if transformer_engine_available():
-        pytest.skip(
-            "with Transformer Engine the grouped-GEMM flag builds TEGroupedMLP, where moe_act acts"
-        )
+    from harness.models import style_model, transformer_config
+
+    fields = RecomputeFields.selective("moe_act")
     assert validate(
         {
             **_fields(granularity="selective", modules=("moe_act",)),
@@ -273,8 +273,20 @@ def test_moe_act_is_silently_ignored_outside_te_grouped_mlp(build):
             "moe_grouped_gemm": True,
         }
     ).accepted
-    switches = build("moonlight-tiny", RecomputeFields.selective("moe_act"))
-    assert switches and not any(switches.values())
+    # The local spec's experts (SequentialMLP, even with the grouped-GEMM flag) set no switch.
+    config = transformer_config(style_model("moonlight-tiny"), fields)
+    local_experts = LocalSpecProvider().grouped_mlp_modules(True)(
+        4, config, pg_collection=ProcessGroupCollection.use_mpu_process_groups()
+    )
+    switches = _recompute_switches(local_experts)
+    assert type(local_experts).__name__ == "SequentialMLP" and not any(switches.values())
+    # The style model's experts are the TE spec's TEGroupedMLP (the adapter's grouped-linear
+    # stand-ins without TE): there moe_act is the one switch on.
+    switches = build("moonlight-tiny", fields)
+    assert [name for name, on in switches.items() if on] == [
+        "decoder.layers.1.mlp.experts.activation_recompute",
+        "decoder.layers.2.mlp.experts.activation_recompute",
+    ]
 
 
 def test_legacy_moe_layer_recompute_becomes_selective_moe_after_the_label_checks():
