@@ -77,7 +77,7 @@ def test_two_rank_ep2_sweep_completes_and_keeps_every_ranks_evidence(ep2_sweep):
 def test_records_feed_the_analysis_and_the_comparator(ep2_sweep, tmp_path):
     _, directory, _results, _ = ep2_sweep
     records = load_records([directory / "records"])
-    assert len(records) == 2
+    assert [record.label for record in records] == ["[]", "mla_up_proj", "moe_act"]
     analysis = analyse(records)
     assert analysis.control == "[]" and {row.verdict for row in analysis.rows} == {
         "control",
@@ -103,7 +103,7 @@ def test_the_report_keeps_a_plot_that_cannot_be_drawn_or_written_as_a_reason(ep2
     report = sweep_report(tmp_path, results)
     assert report.plot is None and report.why_not == "could not be written"
     assert isinstance(report.unwritten, UsageError) and "is a directory" in str(report.unwritten)
-    assert [row.label for row in report.analysis.rows] == ["[]", "mla_up_proj"]
+    assert [row.label for row in report.analysis.rows] == ["[]", "mla_up_proj", "moe_act"]
     # Nothing to compare the control with: no plot, no directory made for one.
     control_only = sweep_report(tmp_path / "control-only", results[:1])
     data = sweep_report_json(control_only)
