@@ -70,6 +70,10 @@ def pytest_collection_modifyitems(config, items):
             "the released revisions run as their own step: pytest -m revisions (.ci/run)",
         ),
         ("unreleased", "unreleased trees run as their own step: pytest -m unreleased (.ci/run)"),
+        (
+            "estimates",
+            "the full-width estimates run as their own step: pytest -m estimates (.ci/run)",
+        ),
     ):
         if marker in asked:
             continue

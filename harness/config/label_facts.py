@@ -15,6 +15,9 @@ class LabelFacts:
     # (without TE the validator still accepts the label and it does nothing), and where it is.
     te_class: str | None = None
     te_where: str | None = None
+    # The submodule (attribute name) that ``te_class`` is built as: a model or layer without one has
+    # no site for the label at all (a dense layer for ``moe_act``), which no TE would change.
+    te_site: str | None = None
     rule: str | None = None  # the matrix rule documenting the fact
     # Why the label's gradients differ from []'s in the last bits while the loss is bit-identical.
     sum_order: str = ""
@@ -27,6 +30,7 @@ LABEL_FACTS: dict[str, LabelFacts] = {
     "moe_act": LabelFacts(
         te_class="TEGroupedMLP",
         te_where="megatron/core/transformer/moe/experts.py",
+        te_site="experts",
         rule="semantics.moe_act-needs-te-grouped-mlp",
     ),
     # ``layernorm`` (measured on 0.19.2, local spec, torch.nn.RMSNorm): the norm's input x feeds the

@@ -1,5 +1,8 @@
 """One real Megatron Core layer of each kind, at the recipe's per-rank widths, measured.
 
+MoE layers with ``moe_grouped_gemm`` (both recipes) build their experts as MCore's TE spec does,
+``TEGroupedMLP`` (on the CPU adapter's grouped-linear stand-ins), so ``moe_act`` is measured.
+
 The layer is MCore's own (``build_module`` of a layer spec: ``get_gpt_decoder_block_spec`` on the
 local spec for a GPT model; for a hybrid model the kind's layer of ``harness.models.hybrid_stack_spec``,
 MCore's hybrid stack spec over local modules: ``MambaLayer`` + ``MambaMixer`` on the CPU adapter's
@@ -32,6 +35,7 @@ from harness.config.fields import RecomputeFields
 from harness.cpu.norm import FusedRMSNorm, norm_column_parallel_linear
 from harness.estimate.model import ATTENTION, CPU_FLAGS, MAMBA, MLP, MOE, Architecture
 from harness.models import (
+    grouped_gemm_experts,
     hybrid_stack_spec,
     sequence_parallel_norm,
     set_core_attention,
@@ -158,10 +162,14 @@ def _layer_spec(arch: Architecture, config: Any, kind: str, attention_backend: s
         )
         _te_hybrid_norms(spec, kind)
         _gpu_norms([spec], config.normalization, config.sequence_parallel)
+        if kind == MOE:
+            spec.submodules.mlp = grouped_gemm_experts(spec.submodules.mlp, config)
         return spec
     block_spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=False, normalization=config.normalization
     )
+    for layer_spec in block_spec.layer_specs:
+        layer_spec.submodules.mlp = grouped_gemm_experts(layer_spec.submodules.mlp, config)
     set_core_attention(block_spec, attention_backend, arch.style.mla)
     _gpu_norms(block_spec.layer_specs, config.normalization, config.sequence_parallel)
     return block_spec.layer_specs[0]

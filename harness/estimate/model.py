@@ -23,7 +23,6 @@ streams), SequentialMLP experts.
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -115,6 +114,16 @@ def _moonlight_16b() -> Architecture:
         "moe_router_group_topk": hf["topk_group"],
         "moe_router_load_balancing_type": "seq_aux_loss" if hf["seq_aux"] else "aux_loss",
         "moe_aux_loss_coeff": hf["aux_loss_alpha"],
+        # Set by Bridge's DeepSeek-V3 bridge whatever the HF config says (600d069b,
+        # src/megatron/bridge/models/deepseek/deepseek_v3_bridge.py), each changing a tensor a layer
+        # keeps: the fused (weighted) SwiGLU keeps its input alone, where the unfused one keeps three
+        # intermediates more; the router works in fp32 and softmaxes before its top-k. Left out:
+        # its qk_layernorm, which the TE spec fuses into linear_kv_up_proj (the local spec cannot
+        # build it without q_lora_rank): the KV norm's output, ~2 MB a layer, is not counted.
+        "bias_activation_fusion": True,
+        "moe_router_dtype": "fp32",
+        "moe_router_pre_softmax": True,
+        "attention_softmax_in_fp32": False,
     }
     style = StyleModel(
         "moonlight-16b",
@@ -160,7 +169,9 @@ def _nemotron_3_nano(recipe: Recipe) -> Architecture:
     provider.pop("position_embedding_type")
     config = {
         **provider,
-        "activation_func": inspect.unwrap(squared_relu),  # eager: as the style models (no inductor)
+        # MCore's own function: TEGroupedMLP takes its fused weighted path (the recipe's
+        # use_fused_weighted_squared_relu) only for ``activation_func == squared_relu``
+        "activation_func": squared_relu,
         "is_hybrid_model": True,
     }
     style = StyleModel(

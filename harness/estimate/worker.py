@@ -52,6 +52,30 @@ def measure_kinds(
     Nano's mixer), not the Triton kernels' that run on a GPU (the stand-ins match those in what they
     save for backward only), and without them no moment of the stage can be placed; the other
     kinds' transients would cost ~40 s per length under MemTracker (128 experts) for nothing."""
+    from harness.cpu.bf16_gemm import bf16_gemms_on_fp32_kernels
+
+    with bf16_gemms_on_fp32_kernels():  # CPU adapter part 11: before MemTracker (its module doc)
+        return _measure_kinds(
+            arch,
+            rows,
+            precision=precision,
+            attention_backend=attention_backend,
+            micro_batch_size=micro_batch_size,
+            seq_lengths=seq_lengths,
+            etp=etp,
+        )
+
+
+def _measure_kinds(
+    arch: Architecture,
+    rows: list[str],
+    *,
+    precision: str,
+    attention_backend: str,
+    micro_batch_size: int,
+    seq_lengths: list[int],
+    etp: int | None,
+) -> dict[str, Any]:
     import warnings
 
     from harness.config.fields import RecomputeFields

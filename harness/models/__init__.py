@@ -34,6 +34,7 @@ from harness.models.catalog import (
     style_model,
 )
 from harness.models.hybrid import hybrid_stack_spec
+from harness.models.moe import grouped_gemm_experts
 from harness.models.style import StyleModel
 
 __all__ = [
@@ -43,6 +44,7 @@ __all__ = [
     "build_model",
     "buildable_model",
     "buildable_models",
+    "grouped_gemm_experts",
     "hybrid_stack_spec",
     "not_on_this_tree",
     "not_probed_lines",

@@ -9,9 +9,11 @@ top of the retained stage (``peak_bytes - retained_bytes``).
 
 Rows the estimate cannot run on CPU are derived from Megatron Core's code, never fitted:
 
-- ``moe_act`` (``TEGroupedMLP`` only): its ``CheckpointWithoutOutput`` discards the activation's
-  output, the experts' ``linear_fc2`` input; the row is ``[]`` (or the row's other labels) minus
-  those bytes, read from the control's attribution.
+- ``moe_act`` where the estimate says requires-TE (a tree whose TE spec has no grouped linear for
+  the adapter to stand in for; elsewhere the estimate measures it, ``TEGroupedMLP`` on the
+  stand-ins): its ``CheckpointWithoutOutput`` discards the activation's output, the experts'
+  ``linear_fc2`` input; the row is ``[]`` (or the row's other labels) minus those bytes, read from
+  the control's attribution.
 - full recompute (``TransformerBlock._checkpointed_forward``): a checkpointed group keeps only its
   input hidden state ``[s/tp, b, h]``; in backward it replays the group, whose ``[]`` bytes and
   transient are then alive (``uniform``: groups of N layers; ``block``: the first N layers of each
@@ -30,6 +32,7 @@ from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.estimate.model import ATTENTION, DENSE, MAMBA, MLP, MOE
+from harness.probe.measurement.status import REQUIRES_TE
 from harness.record.metrics import MetricName
 
 EXPERT_FC2 = "moe:mlp.experts.local_experts.*.linear_fc2"
@@ -154,14 +157,17 @@ def row_activations(
     te_only = modules & TE_ONLY_LABELS
     if measured is not None:
         per_layer = table.per_layer(measured)
-        if per_layer is not None and not te_only:
+        # an estimate that built TEGroupedMLP (the adapter's grouped-linear stand-ins) measured
+        # moe_act itself; one that could not says requires-TE, and the row is derived below
+        unmeasured_te = measured.get("status") == REQUIRES_TE
+        if per_layer is not None and not unmeasured_te:
             transient = table.transient(measured)
             if transient is None:  # no peaks measured (hybrid): a replay re-materialises its region
                 transient = control.transient + max(
                     (control.per_layer[k] - per_layer[k] for k in per_layer), default=Fraction(0)
                 )
             return RowActivations(name, "measured", per_layer=per_layer, transient=transient)
-        if per_layer is not None or modules == te_only:
+        if te_only and (per_layer is not None or modules == te_only):
             base = per_layer if per_layer is not None else dict(control.per_layer)
             fc2 = table.expert_fc2_per_layer()
             derived = {k: v - fc2 if k == MOE else v for k, v in base.items()}

@@ -88,35 +88,3 @@ def require(**needs: Any) -> None:
     reason = missing(**needs)
     if reason is not None:
         pytest.skip(reason)
-
-
-# Below this bf16 GEMM rate the CPU runs torch's scalar fallback (a CPU without AVX-512 BF16: measured
-# 1 GFLOP/s on a 2-core AVX2 machine, where fp32 reached 50); a kernel runs at tens of GFLOP/s.
-_BF16_GEMM_MIN_GFLOPS = 5.0
-
-
-@cache
-def slow_bf16_gemm() -> str | None:
-    """None where torch has a bf16 GEMM kernel for this CPU; else the reason, with what was measured.
-
-    The full-width estimates run bf16 MoE layers of 64 experts: about 20 s with a kernel, over 30 min
-    through the scalar fallback, past any CI step's budget.
-    """
-    import time
-
-    import torch
-
-    m, k, n = 128, 1024, 1024
-    a, b = torch.ones(m, k, dtype=torch.bfloat16), torch.ones(k, n, dtype=torch.bfloat16)
-    seconds = []
-    for _ in range(3):
-        started = time.perf_counter()
-        a @ b
-        seconds.append(time.perf_counter() - started)
-    gflops = 2 * m * k * n / min(seconds) / 1e9
-    if gflops >= _BF16_GEMM_MIN_GFLOPS:
-        return None
-    return (
-        f"this CPU has no bf16 GEMM kernel in torch {torch.__version__} ({gflops:.1f} GFLOP/s measured, "
-        f"{_BF16_GEMM_MIN_GFLOPS:.0f} needed): a full-width bf16 estimate would take over 30 min"
-    )

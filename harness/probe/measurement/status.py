@@ -116,14 +116,18 @@ def sum_order_reason(labels: tuple[str, ...], equivalence: Equivalence) -> str:
 def te_only_labels_missing(
     labels: tuple[str, ...], model: torch.nn.Module, have_te: bool
 ) -> list[str]:
-    """Labels in ``labels`` whose only implementation is a TE class absent from ``model``."""
+    """Labels in ``labels`` whose only implementation is a TE class absent from ``model``, where the
+    model has the label's site (``LabelFacts.te_site``): without one the label has nothing to act on."""
     if have_te:
         return []
     present = {type(module).__name__ for module in model.modules()}
+    sites = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     return [
         label
         for label in labels
-        if label in LABEL_FACTS and LABEL_FACTS[label].te_class not in (None, *present)
+        if label in LABEL_FACTS
+        and LABEL_FACTS[label].te_class not in (None, *present)
+        and LABEL_FACTS[label].te_site in (None, *sites)
     ]
 
 

@@ -20,7 +20,7 @@ from harness.estimate.model import ATTENTION, MAMBA, MLP, MOE, architecture, hyb
 from harness.estimate.worker import measure_kinds
 from harness.golden.store import estimate_dir, golden_root
 from harness.models import style_model
-from harness.probe.measurement.status import CONTROL_STATUS, EFFECTIVE, REQUIRES_TE
+from harness.probe.measurement.status import CONTROL_STATUS, EFFECTIVE
 from harness.run.recipes import load_recipe
 
 GOLDEN = sorted(estimate_dir(golden_root()).glob("nemotron-3-nano-full-16gpu__fused__*.json"))
@@ -136,12 +136,16 @@ def test_rows_reach_the_layer_kinds_mcore_applies_them_to(estimate):
     assert core_attn.saving_bytes < layernorm.saving_bytes
 
 
-def test_te_only_and_full_rows_report_what_is_not_measured(estimate):
+def test_moe_act_is_measured_and_full_rows_report_what_is_not_measured(estimate):
+    """moe_act runs in TEGroupedMLP on the adapter's grouped-linear stand-ins; its checkpoint and the
+    norms' sit in different places, so layernorm+moe_act frees exactly what each frees alone."""
     _, rows = estimate
-    assert rows["moe_act"].status == REQUIRES_TE and rows["moe_act"].saving_bytes is None
-    partial = rows["layernorm+moe_act"]
-    assert partial.status == REQUIRES_TE and partial.saving_bytes is None
-    assert partial.partial_saving_bytes == rows["layernorm"].saving_bytes
+    act = rows["moe_act"]
+    assert act.status == EFFECTIVE and act.saving_bytes > 0
+    assert rows["layernorm+moe_act"].status == EFFECTIVE
+    assert (
+        rows["layernorm+moe_act"].saving_bytes == rows["layernorm"].saving_bytes + act.saving_bytes
+    )
     assert rows["full-uniform-1"].status == UNMEASURED
 
 
@@ -218,9 +222,8 @@ def test_an_mcore_recipe_of_a_hybrid_style_model_takes_its_kinds_from_the_patter
 def test_committed_estimate_beside_the_cards_peaks_taken_at_the_same_point():
     """The harness-written estimate of the card's recipe against the card's two peak differences
     between rows measured at the same point (docs/estimate.md): moe -> moe+layernorm (both completed,
-    after iteration 2) is the MoE layers' norm outputs; [] -> moe_act (after iteration 1) is not
-    estimated (requires-TE), and the experts' activation outputs its checkpoint discards are the
-    docs' context figure for it. Stated tolerance: 1 %."""
+    after iteration 2) is the MoE layers' norm outputs; [] -> moe_act (after iteration 1) is the
+    experts' activation outputs its checkpoint discards. Stated tolerance: 1 %."""
     assert GOLDEN, (
         "write it with: ./venv-run recompute-harness estimate --recipe nemotron-3-nano-full-16gpu "
         "--write-golden"
@@ -236,8 +239,7 @@ def test_committed_estimate_beside_the_cards_peaks_taken_at_the_same_point():
     layernorm_under_moe = rows["moe+layernorm"]["saving_bytes"] - rows["moe"]["saving_bytes"]
     card_layernorm = card[("moe",)] - card[("moe", "layernorm")]
     assert abs(layernorm_under_moe - card_layernorm) / card_layernorm < 0.01
-    assert rows["moe_act"]["status"] == REQUIRES_TE and rows["moe_act"]["saving_bytes"] is None
-    activation_outputs = rows["[]"]["attribution"]["moe:mlp.experts.local_experts.*.linear_fc2"]
     card_moe_act = card[()] - card[("moe_act",)]
-    assert abs(activation_outputs - card_moe_act) / card_moe_act < 0.01
+    assert abs(rows["moe_act"]["saving_bytes"] - card_moe_act) / card_moe_act < 0.01
+    assert [r["module"] for r in rows["moe_act"]["removed"]] == ["moe:mlp.experts.linear_fc2"]
     assert all(row["per_kind"].get(MAMBA, {}).get("saving_bytes", 0) == 0 for row in rows.values())
