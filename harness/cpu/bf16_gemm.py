@@ -65,9 +65,7 @@ def _baddbmm(
     alpha: Any = 1,
 ) -> torch.Tensor:
     if batch1.dtype is _BF16:
-        result = torch.baddbmm(
-            self.float(), batch1.float(), batch2.float(), beta=beta, alpha=alpha
-        )
+        result = torch.baddbmm(self.float(), batch1.float(), batch2.float(), beta=beta, alpha=alpha)
         return result.to(_BF16)
     out = batch1.new_empty((batch1.shape[0], batch1.shape[1], batch2.shape[2]))
     return torch.ops.aten.baddbmm.out(self, batch1, batch2, beta=beta, alpha=alpha, out=out)

@@ -337,6 +337,16 @@ def rank_peak(
     return largest
 
 
+_PEAK_PHASE = re.compile(r"(forward|backward) of layer (\d+) \(\w+\)")
+
+
+def peak_moment(peak_phase: str) -> tuple[str, int] | None:
+    """(``forward`` / ``backward``, layer index in the hot stage) of a row's ``peak_phase`` as
+    ``rank_peak`` writes it; None for a row without one."""
+    match = _PEAK_PHASE.fullmatch(peak_phase)
+    return None if match is None else (match[1], int(match[2]))
+
+
 def _add_peaks(
     rows: list[EstimateRow], result: dict[str, Any], stage: list[str], in_flight: int, target: int
 ) -> None:

@@ -194,7 +194,9 @@ def _row(
     rejected: dict[str, tuple[str, str]],
     budget: int,
 ) -> PlanRow:
-    activations: RowActivations = row_activations(label, table, set(kinds), rejected)
+    activations: RowActivations = row_activations(
+        label, table, set(kinds), rejected, grouped_experts=workload.grouped_experts
+    )
     if activations.source == "rejected":
         return PlanRow(
             label, REJECTED, None, None, None, "validator", activations.reason, activations.rule
@@ -203,7 +205,7 @@ def _row(
         return PlanRow(label, UNMEASURED, None, None, None, "none", activations.reason)
     config = workload.arch.config
     share = cost_share(
-        label,
+        activations.replayed or label,
         kinds,
         config,
         workload.seq_length,

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 from importlib import resources
 
 from harness.errors import UsageError
 from harness.estimate.model import Architecture, architecture
 from harness.run.recipes import Parallelism, Recipe
+
+# Bytes an element of each parameter dtype takes.
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 # Training settings of the bridge recipes the harness ships, as Megatron Bridge's recipes set them
 # (src/megatron/bridge/recipes/{moonlight,nemotronh}/...: `cfg.ddp`, `cfg.optimizer`,
@@ -31,6 +35,20 @@ BRIDGE_TRAINING: dict[str, dict[str, object]] = {
         "cross_entropy_fp32_copy": True,
     },
 }
+
+
+class Optimizer(StrEnum):
+    """The optimizer a run builds, as memory sees it."""
+
+    # Megatron Core's mixed-precision optimizer (``DistributedOptimizer`` /
+    # ``Float16OptimizerWithFloat16Params``) behind its DDP: a contiguous gradient buffer allocated
+    # with the model, fp32 main parameters, Adam moments allocated by the first step. Megatron-LM's
+    # and Megatron Bridge's training loops.
+    MEGATRON = "megatron"
+    # The harness's ``mcore`` back end (harness/run/backend_mcore.py): ``torch.optim.AdamW`` over the
+    # parameters as they are, built at iteration 1's step; ``p.grad`` in the parameter dtype, made
+    # by backward and freed by ``zero_grad(set_to_none=True)`` after every step.
+    TORCH_ADAMW = "torch-adamw"
 
 
 @dataclass(frozen=True)
@@ -55,6 +73,14 @@ class TrainingJob:
     # MCore's cross entropy (native, fused or not) works on an fp32 copy of the logits; TE's works in
     # place on them.
     cross_entropy_fp32_copy: bool = True
+    optimizer: Optimizer = Optimizer.MEGATRON
+    # The causal mask the run keeps on the device for its whole life: the mcore back end's style
+    # model builds one ``[1, 1, s, s]`` bool mask (harness.models.build.TinyModel); Megatron-LM's and
+    # Bridge's data loaders hand one per batch.
+    resident_causal_mask: bool = False
+    # The GPU run's experts are Transformer Engine's TEGroupedMLP (MCore's TE spec with
+    # moe_grouped_gemm), the only experts with a ``moe_act`` checkpoint; else SequentialMLP.
+    grouped_experts: bool = True
 
     @property
     def sequence_parallel(self) -> bool:
@@ -103,13 +129,19 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         fp32_grads = bool(training["grad_reduce_in_fp32"])
         moment_bytes = int(str(training["moment_bytes"]))
         fp32_copy = bool(training["cross_entropy_fp32_copy"])
+        optimizer, resident_mask = Optimizer.MEGATRON, False
+        grouped = bool(arch.config.get("moe_grouped_gemm"))  # Bridge builds MCore's TE spec
     else:
-        options = recipe.backend_options
+        # The mcore back end (harness/run/backend_mcore.py): its style model is built by
+        # harness.models.build_model, which passes no share_embeddings_and_output_weights (MCore's
+        # default: untied); torch.optim.AdamW keeps its moments in the parameter dtype and shards
+        # nothing; GPTModel's own loss (vocab_parallel_cross_entropy: an fp32 copy of the logits).
         vocab = arch.style.vocab_size
-        untied = bool(options.get("untie_embeddings_and_output_weights", False))
-        distributed = bool(options.get("use_distributed_optimizer", False))
-        fp32_grads = bool(options.get("accumulate_allreduce_grads_in_fp32", False))
-        moment_bytes, fp32_copy = 4, True
+        untied, distributed, fp32_grads = True, False, False
+        moment_bytes = DTYPE_BYTES[recipe.precision]
+        fp32_copy = True
+        optimizer, resident_mask = Optimizer.TORCH_ADAMW, True
+        grouped = False  # local spec: SequentialMLP experts, with or without TE installed
     workload = TrainingJob(
         name=recipe.name,
         arch=arch,
@@ -127,6 +159,9 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         fp8=recipe.backend_options.get("fp8_recipe"),
         moment_bytes=moment_bytes,
         cross_entropy_fp32_copy=fp32_copy,
+        optimizer=optimizer,
+        resident_causal_mask=resident_mask,
+        grouped_experts=grouped,
     )
     check_layout(workload, where)
     return workload

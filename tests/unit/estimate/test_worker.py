@@ -14,8 +14,12 @@ from harness.golden.store import estimate_dir, golden_root
 
 pytestmark = pytest.mark.slow  # starts torchrun and builds hidden-2048 MoE layers (~20 s)
 
-# Written by: ./venv-run recompute-harness estimate --recipe mcore-moonlight-1gpu \
-#   --rows '[]' mlp moe_act gdn_norm_out full-uniform-1 mla_up_proj --write-golden
+# Written by: ./venv-run recompute-harness estimate --recipe mcore-moonlight-1gpu --rows '[]' mlp \
+#   moe_act gdn_norm_out full-uniform-1 mla_up_proj core_attn moe layernorm shared_experts \
+#   mla_up_proj+core_attn mla_up_proj+mlp layernorm+moe_act moe+layernorm mlp+core_attn \
+#   core_attn+layernorm --write-golden   (every row plan needs for the recipe)
+# The test measures six of them, one of each status (a full-width row costs ~12 s of CPU).
+ROWS = ["[]", "mlp", "moe_act", "gdn_norm_out", "full-uniform-1", "mla_up_proj"]
 COMMITTED = sorted(estimate_dir(golden_root()).glob("mcore-moonlight-1gpu__unfused__*.json"))
 
 
@@ -38,6 +42,8 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
         "--recipe",
         "mcore-moonlight-1gpu",
         "--check-golden",
+        "--rows",
+        *ROWS,
         "--golden-dir",
         str(tmp_path / "golden"),
         "--json",
@@ -55,7 +61,7 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
     assert verdict[-1].startswith(
         f"FAIL: 1 figure(s) differ; first: row 'mla_up_proj': saving_bytes {changed}; "
     )
-    assert judge_estimate(committed, printed) == []  # the committed golden, judged
+    assert judge_estimate(committed, printed) == []  # the committed golden's rows, judged
     assert json.loads(out.read_text()) == printed
     assert printed["layers"] == {"dense": 1, "moe": 7} and printed["hot_rank"] == 0
     assert (
