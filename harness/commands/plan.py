@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.commands.options import add_golden_dir
 from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.golden.capacity import judge_capacity, load_capacity_golden, write_capacity
@@ -40,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="judge the plan against the committed capacity golden: exit 1 naming each change",
     )
-    parser.add_argument("--golden-dir", metavar="DIR", help="golden root (default: tests/golden)")
+    add_golden_dir(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
@@ -90,7 +91,7 @@ def candidate_rows(workload_rows: tuple[str, ...]) -> list[str]:
     return list(names)
 
 
-def estimate_golden(workload: TrainingJob, root: str | None) -> tuple[dict[str, Any], str]:
+def estimate_golden(workload: TrainingJob, root: Path | str | None) -> tuple[dict[str, Any], str]:
     """The estimate measurements of the workload at the installed Megatron Core (and its path)."""
     path = estimate_golden_path(
         workload.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.golden.estimate import EstimateMismatch
+from harness.golden.figures import FigureMismatch
 from harness.report.summary import Summary, revision_subject
 
 if (
@@ -70,7 +70,7 @@ def diff_summary(found: TreeDiff, *, wall_s: float) -> Summary:
 def estimate_summary(
     recipe: str,
     golden_file: Path,
-    mismatches: list[EstimateMismatch],
+    mismatches: list[FigureMismatch],
     *,
     rows: int,
     wall_s: float,
