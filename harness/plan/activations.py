@@ -24,6 +24,7 @@ A row neither measured nor derivable is ``unmeasured`` and names the estimate th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -112,6 +113,27 @@ class LayerTable:
             return None
         return Fraction(max(row["peak_bytes"] - row[MetricName.RETAINED_BYTES], 0))
 
+    def linear_inputs_per_layer(self, row_name: str) -> dict[str, Fraction]:
+        """Per layer kind, the bytes one layer keeps, for one micro-batch, in the inputs its
+        matrix products save for backward (the modules ``linear_*``, experts' included): the
+        control's attribution less what the row removes there."""
+        control = self.rows[CONTROL_ROW]
+        retained: dict[str, Fraction] = {
+            name: Fraction(value) for name, value in (control.get("attribution") or {}).items()
+        }
+        row = self.rows.get(row_name, control)
+        if row is not control:
+            for entry in row.get("removed") or []:
+                retained[entry["module"]] = (
+                    retained.get(entry["module"], Fraction(0)) - entry["bytes"]
+                )
+        out = {kind: Fraction(0) for kind in self.layers}
+        for name, value in retained.items():
+            kind, _, path = name.partition(":")
+            if kind in out and path.rsplit(".", 1)[-1].startswith("linear_"):
+                out[kind] += value / (self.layers[kind] * self.in_flight)
+        return out
+
     def expert_fc2_per_layer(self) -> Fraction:
         control = self.rows[RecomputeFields.parse(CONTROL_ROW).name]
         moe_layers = self.layers.get(MOE, 0)
@@ -119,6 +141,26 @@ class LayerTable:
             return Fraction(0)
         attributed = control.get("attribution", {}).get(EXPERT_FC2, 0)
         return Fraction(attributed, moe_layers * self.in_flight)
+
+
+def with_fp8_linear_inputs(row: RowActivations, table: LayerTable) -> RowActivations:
+    """``row`` under Transformer Engine's FP8 (delayed or current scaling): each linear quantizes
+    its input to FP8 for its GEMM and saves that copy, one byte an element, for the weight
+    gradient (``transformer_engine/pytorch/module/linear.py``: ``save_for_backward`` of the
+    quantized input; ``layernorm_linear.py`` the same for the norm's output), where the bf16 run
+    saves two; everything else a layer keeps (norm inputs, attention's q/k/v and output, the
+    activation function's input) stays in bf16. So the bytes of the linear inputs the row retains
+    are halved; its transient (a replay, the backward's own) is left as measured."""
+    source = row.replayed or row.label
+    if row.full is not None:
+        source = CONTROL_ROW  # full recompute keeps the control's layers where it keeps any
+    inputs = table.linear_inputs_per_layer(
+        source if source in table.rows and table.rows[source].get("per_kind") else CONTROL_ROW
+    )
+    halved = {
+        kind: value - inputs.get(kind, Fraction(0)) / 2 for kind, value in row.per_layer.items()
+    }
+    return dataclasses.replace(row, per_layer=halved)
 
 
 def control_activations(table: LayerTable) -> RowActivations:
@@ -206,7 +248,24 @@ def row_activations(
             transient=control.transient,
             peak_in_backward=control.peak_in_backward,
             peak_layer=control.peak_layer,
+            replayed=CONTROL_ROW,
         )
+    if modules - sites and name not in table.rows:
+        # Labels no layer kind has a site for checkpoint nothing: the row is its other labels'.
+        rest = [m for m in fields.modules or () if m in sites]
+        active = row_activations(
+            RecomputeFields.selective(*rest).name,
+            table,
+            kinds,
+            rejected,
+            grouped_experts=grouped_experts,
+        )
+        active.replayed = active.replayed or active.label
+        active.label = name
+        active.reason = "; ".join(
+            filter(None, [f"{'+'.join(sorted(modules - sites))}: no site here", active.reason])
+        )
+        return active
     measured = table.rows.get(name)
     te_only = modules & TE_ONLY_LABELS
     if measured is not None:

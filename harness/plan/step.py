@@ -96,6 +96,22 @@ class RankPeak:
         return next((m for m in self.moments if m.total > budget), None)
 
 
+def parameter_bytes(workload: TrainingJob, elements: int, gemm: int) -> tuple[int, int]:
+    """(parameters, FP8 weight workspaces) of ``elements`` parameters of which ``gemm`` are
+    matrix-product weights. Transformer Engine under FP8: with ``fp8_param`` (``--fp8-param-gather``,
+    Bridge's FP8 current scaling) those weights are FP8 tensors, one byte an element (MCore builds
+    them under ``fp8_model_init``; a transpose for the backward GEMM is made per use where the
+    parameter transpose cache is off, as those recipes set it); without it they stay in the
+    parameter dtype and each TE module caches their FP8 copy across micro-batches, row-wise and
+    column-wise (two bytes an element, kept for the step)."""
+    width = DTYPE_BYTES[workload.precision]
+    if workload.fp8 is None:
+        return elements * width, 0
+    if workload.fp8_param:
+        return (elements - gemm) * width + gemm, 0
+    return elements * width, 2 * gemm
+
+
 def _sharding(workload: TrainingJob) -> tuple[int, int]:
     """(dense, expert) data-parallel sizes the optimizer state is sharded over (1: not sharded)."""
     if workload.optimizer is Optimizer.MEGATRON and workload.distributed_optimizer:
@@ -107,8 +123,9 @@ def optimizer_bytes(workload: TrainingJob, dense: int, expert: int, *, moments: 
     """Optimizer state of a rank with ``dense`` + ``expert`` elements: main parameters (Megatron's,
     16-bit training) and, once the first step made them, Adam's two moments."""
     width = DTYPE_BYTES[workload.precision]
-    main = 4 if workload.optimizer is Optimizer.MEGATRON and width != 4 else 0
-    per_param = main + (2 * workload.moment_bytes if moments else 0)
+    megatron_16bit = workload.optimizer is Optimizer.MEGATRON and width != 4
+    main = workload.main_param_bytes if megatron_16bit else 0
+    per_param = main + (workload.optimizer_state_bytes if moments else 0)
     dp, edp = _sharding(workload)
     return round(Fraction(dense * per_param, dp) + Fraction(expert * per_param, edp))
 
@@ -121,7 +138,8 @@ def gradient_buffer_bytes(workload: TrainingJob, elements: int) -> int:
 
 
 def resident_buffer_bytes(workload: TrainingJob) -> int:
-    """MCore's global attention-score buffer (local core attention) and a resident causal mask."""
+    """MCore's global attention-score buffer (local core attention) and the causal mask: the mcore
+    back end's, resident, or the data loader's of the micro-batch being run."""
     config = workload.arch.config
     scores = 0
     if workload.attention_backend == "unfused" and _has_attention(workload):
@@ -133,6 +151,8 @@ def resident_buffer_bytes(workload: TrainingJob) -> int:
             * DTYPE_BYTES[workload.precision]
         )
     mask = workload.seq_length**2 if workload.resident_causal_mask else 0
+    if workload.attention_mask_in_batch:
+        mask += workload.micro_batch_size * workload.seq_length**2
     return scores + mask
 
 
@@ -223,8 +243,8 @@ def _step_temporaries(workload: TrainingJob, dense: int, expert: int) -> int:
     (not for the precision-aware optimizer, which reads them as they are), or AdamW's square roots."""
     width = DTYPE_BYTES[workload.precision]
     if workload.optimizer is Optimizer.TORCH_ADAMW:
-        return (dense + expert) * workload.moment_bytes
-    if width != 4 and not workload.grad_reduce_in_fp32 and workload.moment_bytes == 4:
+        return (dense + expert) * width  # the square roots of exp_avg_sq, in its dtype
+    if width != 4 and not workload.grad_reduce_in_fp32 and not workload.precision_aware_optimizer:
         dp, edp = _sharding(workload)
         return 4 * dense // dp + 4 * expert // edp
     return 0
@@ -245,9 +265,10 @@ def rank_peaks(
         dense, expert = counts.stage(layers, first, last, layout.pp)
         elements = dense + expert
         retained, transient, where = _stage_activations(workload, row, kinds, stage)
+        parameters, fp8_workspaces = parameter_bytes(workload, elements, counts.stage_gemm(layers))
         fixed = {
-            "parameters": elements * width,
-            "workspace": CUBLAS_WORKSPACE_BYTES,
+            "parameters": parameters,
+            "workspace": CUBLAS_WORKSPACE_BYTES + fp8_workspaces,
             "buffers": buffers,
         }
         if workload.optimizer is Optimizer.MEGATRON:

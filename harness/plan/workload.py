@@ -9,6 +9,7 @@ from enum import StrEnum
 from importlib import resources
 
 from harness.errors import UsageError
+from harness.estimate.megatron_lm import MegatronLMRun
 from harness.estimate.model import Architecture, architecture
 from harness.run.recipes import Parallelism, Recipe
 
@@ -25,13 +26,25 @@ BRIDGE_TRAINING: dict[str, dict[str, object]] = {
     "moonlight_16b": {
         "distributed_optimizer": True,
         "grad_reduce_in_fp32": False,
-        "moment_bytes": 2,
+        "precision_aware_optimizer": True,
+        "optimizer_state_bytes": 4,
+        "cross_entropy_fp32_copy": False,
+    },
+    # Llama3 70B SFT FP8 CS (perf_recipes/llama/h100/llama3.py): distributed optimizer, bf16
+    # gradients (grad_reduce_in_fp32 False), fp32 main parameters and moments, TE cross entropy
+    # (cross_entropy_loss_fusion with the "te" implementation), FP8 parameters (fp8_param_gather).
+    "llama3_70b_sft_fp8cs": {
+        "distributed_optimizer": True,
+        "grad_reduce_in_fp32": False,
+        "precision_aware_optimizer": False,
+        "optimizer_state_bytes": 8,
         "cross_entropy_fp32_copy": False,
     },
     "nemotron_3_nano": {
         "distributed_optimizer": True,
         "grad_reduce_in_fp32": True,
-        "moment_bytes": 4,
+        "precision_aware_optimizer": False,
+        "optimizer_state_bytes": 8,
         "cross_entropy_fp32_copy": True,
     },
 }
@@ -69,7 +82,13 @@ class TrainingJob:
     grad_reduce_in_fp32: bool
     attention_backend: str  # the estimate's CPU core attention: fused / unfused
     fp8: str | None = None  # Megatron-LM --fp8-recipe when FP8 is on
-    moment_bytes: int = 4  # Adam exp_avg / exp_avg_sq dtype (2: precision-aware bf16 moments)
+    fp8_param: bool = False  # matrix-product weights kept in FP8 (--fp8-param-gather)
+    # The optimizer's state per parameter made by its first step: Adam's exp_avg + exp_avg_sq (fp32:
+    # 8; precision-aware bf16 moments: 4), SGD's momentum (4).
+    optimizer_state_bytes: int = 8
+    main_param_bytes: int = 4  # Megatron's main parameters of 16-bit training (fp32; fp16: 2)
+    # Megatron's precision-aware optimizer reads 16-bit gradients as they are (no fp32 copy).
+    precision_aware_optimizer: bool = False
     # MCore's cross entropy (native, fused or not) works on an fp32 copy of the logits; TE's works in
     # place on them.
     cross_entropy_fp32_copy: bool = True
@@ -81,6 +100,11 @@ class TrainingJob:
     # The GPU run's experts are Transformer Engine's TEGroupedMLP (MCore's TE spec with
     # moe_grouped_gemm), the only experts with a ``moe_act`` checkpoint; else SequentialMLP.
     grouped_experts: bool = True
+    # The data loader hands each micro-batch a ``[b, 1, s, s]`` bool attention mask (Megatron-LM's
+    # default, ``--no-create-attention-mask-in-dataloader`` to drop it).
+    attention_mask_in_batch: bool = False
+    position_embedding_type: str = "rope"  # learned_absolute adds max_position_embeddings x h
+    max_position_embeddings: int | None = None  # None: the sequence length
 
     @property
     def sequence_parallel(self) -> bool:
@@ -99,16 +123,31 @@ class TrainingJob:
         return self.global_batch_size // (self.micro_batch_size * self.data_parallel)
 
 
+# The HuggingFace config a bridge recipe's model is built from.
+_BRIDGE_HF_CONFIGS = {
+    "moonlight_16b": "moonlight-16b-a3b.json",
+    "llama3_70b_sft_fp8cs": "llama3-70b.json",
+}
+# Megatron's vocabulary padding (``make_vocab_size_divisible_by``, Bridge's ``should_pad_vocab``).
+VOCAB_DIVISIBLE_BY = 128
+
+
 def _bridge_vocab(recipe: Recipe) -> tuple[int, bool]:
-    """(vocabulary, untied) of a shipped bridge recipe's model."""
-    if recipe.backend_options.get("recipe") == "moonlight_16b":
+    """(vocabulary, untied) of a shipped bridge recipe's model. The Llama3 recipe pads its
+    vocabulary (``should_pad_vocab``) to a multiple of 128 x TP, as Megatron does."""
+    name = recipe.backend_options.get("recipe")
+    if name in _BRIDGE_HF_CONFIGS:
         text = (
             resources.files("harness")
-            .joinpath("data", "bridge", "moonlight-16b-a3b.json")
+            .joinpath("data", "bridge", _BRIDGE_HF_CONFIGS[name])
             .read_text(encoding="utf-8")
         )
         hf = json.loads(text)
-        return int(hf["vocab_size"]), not hf["tie_word_embeddings"]
+        vocab = int(hf["vocab_size"])
+        if name == "llama3_70b_sft_fp8cs":
+            multiple = VOCAB_DIVISIBLE_BY * recipe.parallelism.tp
+            vocab = -(-vocab // multiple) * multiple
+        return vocab, not hf["tie_word_embeddings"]
     return int(recipe.backend_options["vocab_size"]), True
 
 
@@ -127,7 +166,8 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         vocab, untied = _bridge_vocab(recipe)
         distributed = bool(training["distributed_optimizer"])
         fp32_grads = bool(training["grad_reduce_in_fp32"])
-        moment_bytes = int(str(training["moment_bytes"]))
+        state_bytes = int(str(training["optimizer_state_bytes"]))
+        precision_aware = bool(training["precision_aware_optimizer"])
         fp32_copy = bool(training["cross_entropy_fp32_copy"])
         optimizer, resident_mask = Optimizer.MEGATRON, False
         grouped = bool(arch.config.get("moe_grouped_gemm"))  # Bridge builds MCore's TE spec
@@ -138,7 +178,7 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         # nothing; GPTModel's own loss (vocab_parallel_cross_entropy: an fp32 copy of the logits).
         vocab = arch.style.vocab_size
         untied, distributed, fp32_grads = True, False, False
-        moment_bytes = DTYPE_BYTES[recipe.precision]
+        state_bytes, precision_aware = 2 * DTYPE_BYTES[recipe.precision], False
         fp32_copy = True
         optimizer, resident_mask = Optimizer.TORCH_ADAMW, True
         grouped = False  # local spec: SequentialMLP experts, with or without TE installed
@@ -157,13 +197,46 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         grad_reduce_in_fp32=fp32_grads,
         attention_backend=attention_backend_for(recipe, None),
         fp8=recipe.backend_options.get("fp8_recipe"),
-        moment_bytes=moment_bytes,
+        fp8_param=bool(recipe.backend_options.get("fp8_param", False)),
+        optimizer_state_bytes=state_bytes,
+        precision_aware_optimizer=precision_aware,
         cross_entropy_fp32_copy=fp32_copy,
         optimizer=optimizer,
         resident_causal_mask=resident_mask,
         grouped_experts=grouped,
     )
     check_layout(workload, where)
+    return workload
+
+
+def workload_from_megatron_lm(run: MegatronLMRun) -> TrainingJob:
+    """A Megatron-LM argument list's workload (Megatron-LM's training loop: Megatron's optimizer)."""
+    workload = TrainingJob(
+        name=run.name,
+        arch=run.arch,
+        world_size=run.world_size,
+        parallelism=run.parallelism,
+        seq_length=run.seq_length,
+        micro_batch_size=run.micro_batch_size,
+        global_batch_size=run.global_batch_size,
+        precision=run.precision,
+        vocab_size=run.vocab_size,
+        untie_embeddings=run.untie_embeddings,
+        distributed_optimizer=run.distributed_optimizer,
+        grad_reduce_in_fp32=run.grad_reduce_in_fp32,
+        attention_backend=run.attention_backend,
+        fp8=run.fp8,
+        fp8_param=run.fp8_param,
+        optimizer_state_bytes=run.optimizer_state_bytes,
+        main_param_bytes=run.main_param_bytes,
+        precision_aware_optimizer=run.precision_aware_optimizer,
+        cross_entropy_fp32_copy=run.cross_entropy_fp32_copy,
+        grouped_experts=run.grouped_experts,
+        attention_mask_in_batch=run.attention_mask_in_batch,
+        position_embedding_type=run.position_embedding_type,
+        max_position_embeddings=run.max_position_embeddings,
+    )
+    check_layout(workload, "Megatron-LM flags")
     return workload
 
 
