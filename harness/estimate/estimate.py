@@ -44,12 +44,13 @@ from harness.probe.measurement.status import (
     REQUIRES_TE,
     MeasuredRow,
 )
-from harness.processes import run_cpu_torchrun
+from harness.processes import run_cpu_torchrun, usable_cores
 from harness.record.build import now_iso
 from harness.record.metrics import MetricName
 from harness.run.recipes import Parallelism, Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
+# A rank's allowance; ranks beyond the usable cores share them, and get it per core's share.
 WORKER_TIMEOUT_S = 600.0
 UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.measurement.status), plus this one
 # recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
@@ -187,9 +188,11 @@ def measure_recipe(
     rows: list[str],
     attention_backend: str,
     seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
-    timeout_s: float = WORKER_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run the TP ranks of the worker; their per-rank results."""
+    if timeout_s is None:
+        timeout_s = WORKER_TIMEOUT_S * max(1.0, target.parallelism.tp / usable_cores())
     child, texts = run_cpu_torchrun(
         target.parallelism.tp,
         "harness.estimate.worker",

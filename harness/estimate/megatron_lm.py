@@ -134,7 +134,6 @@ _NOT_MODELLED = {
     "tp_comm_overlap": "userbuffer tensor-parallel overlap",
     "fp4": "FP4",
     "experimental_attention_variant": "experimental attention variants",
-    "pipeline_model_parallel_layout": "a custom pipeline layout",
 }
 _ADAM_STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 
@@ -164,6 +163,7 @@ class MegatronLMRun:
     cross_entropy_fp32_copy: bool
     attention_backend: str  # the estimate's CPU core attention: fused / unfused
     grouped_experts: bool  # TEGroupedMLP experts (TE spec with --moe-grouped-gemm)
+    transformer_engine: bool  # --transformer-impl transformer_engine (the default)
     attention_mask_in_batch: bool  # the data loader's [b, 1, s, s] mask
     fp8: str | None  # --fp8-recipe when --fp8-format is given
     fp8_param: bool
@@ -252,8 +252,15 @@ def _moe_freq(value: str) -> int | list[int]:
     return pattern
 
 
+class _FlagParser(argparse.ArgumentParser):
+    """argparse whose errors are the harness's one-line usage errors (no usage text, no exit)."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UsageError(f"Megatron-LM flags: {message}")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="Megatron-LM flags", allow_abbrev=False, add_help=False)
+    parser = _FlagParser(prog="Megatron-LM flags", allow_abbrev=False, add_help=False)
     for names, kwargs in _transformer_flags().values():
         parser.add_argument(*names, **kwargs)
     add = parser.add_argument
@@ -275,7 +282,6 @@ def _parser() -> argparse.ArgumentParser:
     add("--swiglu", action="store_true")
     add("--squared-relu", action="store_true")
     add("--quick-geglu", action="store_true")
-    add("--openai-gelu", action="store_true")
     add("--group-query-attention", action="store_true")
     add("--num-experts", type=int, default=None)
     add("--moe-layer-freq", type=_moe_freq, default=1)
@@ -295,8 +301,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--attention-softmax-in-fp32", action="store_true")
     add("--no-create-attention-mask-in-dataloader", action="store_false", dest="attention_mask")
     add("--hybrid-layer-pattern", default=None)
+    # Accepted, the same bytes either way: flash attention is what the fused CPU core attention
+    # keeps (q, k, v, output, LSE); OpenAI's GeLU is GeLU; and the kernel fusions below the CPU
+    # layers never make (docs/estimate.md), so they are measured unfused whatever is given.
     add("--use-flash-attn", action="store_true")
-    # Kernel fusions the CPU layers never make (docs/estimate.md): accepted, measured unfused.
+    add("--openai-gelu", action="store_true")
     for fusion in (
         "--no-masked-softmax-fusion",
         "--no-bias-gelu-fusion",
@@ -419,10 +428,7 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
     if world_size < 1:
         raise UsageError(f"--world-size must be at least 1, got {world_size}")
     parser = _parser()
-    try:
-        args, unknown = parser.parse_known_args(flags)
-    except SystemExit:  # argparse printed its own line (a bad value): one line, exit 2, as usual
-        raise UsageError("Megatron-LM flags: a value above is not valid") from None
+    args, unknown = parser.parse_known_args(flags)
     ignored = _ignored(unknown)
     given = vars(args)
     for field, what in _NOT_MODELLED.items():
@@ -558,6 +564,7 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         attention_backend="unfused" if local_attention else "fused",
         grouped_experts=transformer_impl == "transformer_engine"
         and bool(config.get("moe_grouped_gemm")),
+        transformer_engine=transformer_impl == "transformer_engine",
         attention_mask_in_batch=args.attention_mask,
         fp8=given.get("fp8_recipe", _config_default("fp8_recipe")) if given.get("fp8") else None,
         fp8_param=args.fp8_param_gather,

@@ -150,7 +150,6 @@ def _llama3_70b() -> Architecture:
         "add_bias_linear": hf["attention_bias"] or hf["mlp_bias"],
         "attention_dropout": hf["attention_dropout"],
         "hidden_dropout": 0.0,  # Llama has none
-        "rotary_base": int(hf["rope_theta"]),
     }
     style = StyleModel(
         "llama3-70b",

@@ -57,16 +57,21 @@ from harness.plan.parameters import ParameterCounts
 from harness.plan.schedule import chunk_layers, in_flight_chunks
 from harness.plan.workload import DTYPE_BYTES, Optimizer, TrainingJob
 
-# Transformer Engine's cuBLAS workspace on Hopper (transformer_engine/pytorch/module/base.py,
-# get_cublas_workspace_size_bytes: 32 MiB), a torch allocation, so in max_memory_allocated.
+# cuBLAS workspaces, torch allocations (so in max_memory_allocated), 32 MiB each on Hopper: torch's,
+# one per (cuBLAS handle, stream), and torch keeps a handle per thread, so one for the forward's
+# thread and one for autograd's device thread that runs backward (both seen on the H200:
+# tests/measured/gpu-memtrace-h200-20261204); Transformer Engine's own, one a process
+# (transformer_engine/pytorch/module/base.py, get_cublas_workspace_size_bytes).
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
+TORCH_GEMM_THREADS = 2
 UNSEEN = {
     "allocator fragmentation": "0 (max_memory_allocated counts allocated blocks, not reserved ones)",
     "NCCL buffers": "0 (NCCL allocates outside PyTorch's caching allocator)",
     "CUDA-graph private pools": "0 (static inputs/outputs of captured layers; Nemotron's attention "
     "and Mamba graphs keep them, the card calls them material)",
     "dispatcher buffers of alltoall / HybridEP": "as the CPU allgather dispatcher's (measured)",
-    "cuBLAS / TE workspace": f"{CUBLAS_WORKSPACE_BYTES} bytes (counted)",
+    "cuBLAS / TE workspace": f"{CUBLAS_WORKSPACE_BYTES} bytes each: torch's forward and backward "
+    "threads', TE's (counted)",
     "TE fused kernels' own saved tensors": "as the CPU stand-ins' (docs/estimate.md lists them)",
 }
 
@@ -110,6 +115,11 @@ def parameter_bytes(workload: TrainingJob, elements: int, gemm: int) -> tuple[in
     if workload.fp8_param:
         return (elements - gemm) * width + gemm, 0
     return elements * width, 2 * gemm
+
+
+def cublas_workspaces(workload: TrainingJob) -> int:
+    """torch's cuBLAS workspaces (forward and backward threads) and, with TE, TE's."""
+    return CUBLAS_WORKSPACE_BYTES * (TORCH_GEMM_THREADS + int(workload.transformer_engine))
 
 
 def _sharding(workload: TrainingJob) -> tuple[int, int]:
@@ -268,7 +278,7 @@ def rank_peaks(
         parameters, fp8_workspaces = parameter_bytes(workload, elements, counts.stage_gemm(layers))
         fixed = {
             "parameters": parameters,
-            "workspace": CUBLAS_WORKSPACE_BYTES + fp8_workspaces,
+            "workspace": cublas_workspaces(workload) + fp8_workspaces,
             "buffers": buffers,
         }
         if workload.optimizer is Optimizer.MEGATRON:

@@ -100,6 +100,7 @@ class TrainingJob:
     # The GPU run's experts are Transformer Engine's TEGroupedMLP (MCore's TE spec with
     # moe_grouped_gemm), the only experts with a ``moe_act`` checkpoint; else SequentialMLP.
     grouped_experts: bool = True
+    transformer_engine: bool = True  # the GPU run's layers are TE's (its own cuBLAS workspace)
     # The data loader hands each micro-batch a ``[b, 1, s, s]`` bool attention mask (Megatron-LM's
     # default, ``--no-create-attention-mask-in-dataloader`` to drop it).
     attention_mask_in_batch: bool = False
@@ -171,6 +172,7 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         fp32_copy = bool(training["cross_entropy_fp32_copy"])
         optimizer, resident_mask = Optimizer.MEGATRON, False
         grouped = bool(arch.config.get("moe_grouped_gemm"))  # Bridge builds MCore's TE spec
+        te = True
     else:
         # The mcore back end (harness/run/backend_mcore.py): its style model is built by
         # harness.models.build_model, which passes no share_embeddings_and_output_weights (MCore's
@@ -182,6 +184,7 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         fp32_copy = True
         optimizer, resident_mask = Optimizer.TORCH_ADAMW, True
         grouped = False  # local spec: SequentialMLP experts, with or without TE installed
+        te = False
     workload = TrainingJob(
         name=recipe.name,
         arch=arch,
@@ -204,6 +207,7 @@ def workload_from_recipe(recipe: Recipe) -> TrainingJob:
         optimizer=optimizer,
         resident_causal_mask=resident_mask,
         grouped_experts=grouped,
+        transformer_engine=te,
     )
     check_layout(workload, where)
     return workload
@@ -232,6 +236,7 @@ def workload_from_megatron_lm(run: MegatronLMRun) -> TrainingJob:
         precision_aware_optimizer=run.precision_aware_optimizer,
         cross_entropy_fp32_copy=run.cross_entropy_fp32_copy,
         grouped_experts=run.grouped_experts,
+        transformer_engine=run.transformer_engine,
         attention_mask_in_batch=run.attention_mask_in_batch,
         position_embedding_type=run.position_embedding_type,
         max_position_embeddings=run.max_position_embeddings,
