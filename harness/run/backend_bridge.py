@@ -331,7 +331,7 @@ def llama3_70b_sft_fp8cs_config(options: dict[str, Any]) -> Any:
     )
     values = {key: value for key, value in json.loads(text).items() if not key.startswith("_")}
 
-    class OfflineAutoBridge(AutoBridge):  # type: ignore[misc, valid-type]
+    class OfflineAutoBridge(AutoBridge):
         @classmethod
         def from_hf_pretrained(cls, path: Any, **kwargs: Any) -> Any:
             return AutoBridge.from_hf_config(LlamaConfig(**values))

@@ -223,7 +223,7 @@ def test_a_moe_gpt_from_megatron_lm_flags():
         (["--frobnicate"], 4, "--frobnicate is not a Megatron-LM d98e8a64 flag"),
         (["--use-torch-fsdp2"], 4, "could change memory and plan does not model it"),
         (["--mtp-num-layers", "1"], 4, "multi-token prediction layers (--mtp-num-layers)"),
-        ([], 3, "--world-size 3 is not a multiple of TP x PP x CP"),
+        ([], 3, "world size 3 is not a multiple of TP x PP x CP and ETP x EP x PP"),
     ],
 )
 def test_megatron_lm_flags_plan_cannot_model_are_one_line_and_exit_2(extra, world, says, capsys):
