@@ -192,7 +192,7 @@ def _field_kwargs(
 ) -> tuple[list[str], dict[str, Any]] | None:
     """(flag names, add_argument keywords) Megatron-LM gives a TransformerConfig field; None for a
     field whose type no flag can carry."""
-    meta = dict((field.metadata or {}).get("argparse_meta", {}))
+    meta: dict[str, Any] = dict(field.metadata.get("argparse_meta", {}))
     names = meta.pop("arg_names", None)
     default = field.default
     hint = _strip_optional(hint)

@@ -105,7 +105,7 @@ def _measured_rows() -> list[str]:
     return sorted(record.label for record in load_records([H200_RECORDS]))
 
 
-def _known_off(row: str) -> list[object]:
+def _known_off(row: str) -> list[pytest.MarkDecorator]:
     if row in KNOWN_OFF:
         return [pytest.mark.xfail(strict=True, reason=KNOWN_OFF[row])]
     return []
