@@ -8,7 +8,12 @@ import subprocess
 import sys
 import time
 
-RECIPES = ("moonlight-full-8gpu", "nemotron-3-nano-full-16gpu")
+RECIPES = (
+    "moonlight-full-8gpu",
+    "nemotron-3-nano-full-16gpu",
+    "llama3-70b-sft-fp8cs-32gpu",
+    "mcore-moonlight-1gpu",
+)
 
 
 def main() -> int:

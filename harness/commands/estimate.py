@@ -8,19 +8,20 @@ import sys
 import time
 from pathlib import Path
 
+from harness.commands.options import add_golden_dir
 from harness.config.fields import RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.estimate.estimate import attention_backend_for, check_estimable, estimate
 from harness.estimate.table import estimate_table
 from harness.golden.estimate import (
-    EstimateMismatch,
     estimate_golden_path_for,
     golden_rows,
     golden_to_judge,
     judge_estimate,
     write_estimate,
 )
+from harness.golden.figures import FigureMismatch
 from harness.golden.store import estimate_golden_path, existing, golden_root, writable
 from harness.report.summary import print_summary
 from harness.report.verdicts import estimate_summary
@@ -58,10 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="measure the golden's rows (or --rows, each in the golden) and judge every saving, "
         "retained byte count, peak and status against it to the byte: exit 1 naming each changed row",
     )
-    parser.add_argument(
-        "--golden-dir",
-        metavar="DIR",
-        help="golden root for --write-golden / --check-golden (default: tests/golden)",
+    add_golden_dir(
+        parser, "golden root for --write-golden / --check-golden (default: tests/golden)"
     )
 
 
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report_judgement(
-    golden_file: Path, mismatches: list[EstimateMismatch], quiet_stdout: bool
+    golden_file: Path, mismatches: list[FigureMismatch], quiet_stdout: bool
 ) -> None:
     """The verdict under the table (on stderr beside --json, so stdout stays one JSON document)."""
     stream = sys.stderr if quiet_stdout else sys.stdout

@@ -1,5 +1,6 @@
-"""``recompute-harness plan --recipe NAME``: each row's predicted whole-step peak per rank, whether it
-fits the budget, its replayed cost, and the cheapest row that fits (docs/plan.md)."""
+"""``recompute-harness plan --recipe NAME`` or ``plan --world-size N -- <Megatron-LM flags>``: each
+row's predicted whole-step peak per rank, whether it fits the budget, its replayed cost, and the
+cheapest row that fits (docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.commands.options import add_golden_dir
 from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
+from harness.estimate.megatron_lm import parse_megatron_lm
 from harness.golden.capacity import judge_capacity, load_capacity_golden, write_capacity
 from harness.golden.store import capacity_golden_path, existing, golden_root, writable
-from harness.plan.plan import DEFAULT_BUDGET_GB, candidate_rows, estimate_golden, plan
-from harness.plan.workload import workload_from_recipe
+from harness.plan.plan import (
+    DEFAULT_BUDGET_GB,
+    candidate_rows,
+    estimate_golden,
+    measure_megatron_lm,
+    plan,
+)
+from harness.plan.workload import workload_from_megatron_lm, workload_from_recipe
 from harness.report.capacity import plan_table, plot_plan
 from harness.report.summary import print_summary
 from harness.report.verdicts import plan_summary
@@ -23,8 +32,19 @@ from harness.run.recipes import load_recipe
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--recipe", help="a GPU recipe (harness/data/recipes/*.toml)")
     parser.add_argument(
-        "--recipe", required=True, help="a GPU recipe (harness/data/recipes/*.toml)"
+        "--world-size",
+        type=int,
+        metavar="N",
+        help="GPUs of the Megatron-LM run whose flags follow --",
+    )
+    parser.add_argument(
+        "megatron_lm_flags",
+        nargs="*",
+        metavar="-- FLAGS",
+        help="with --world-size: a Megatron-LM argument list, as pretrain_gpt.py / "
+        "pretrain_mamba.py take it",
     )
     parser.add_argument(
         "--budget-gb", type=float, default=DEFAULT_BUDGET_GB, help="per-GPU budget (default 80)"
@@ -40,13 +60,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="judge the plan against the committed capacity golden: exit 1 naming each change",
     )
-    parser.add_argument("--golden-dir", metavar="DIR", help="golden root (default: tests/golden)")
+    add_golden_dir(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.budget_gb <= 0:
         raise UsageError(f"--budget-gb must be positive, got {args.budget_gb}")
+    if (args.recipe is None) == (args.world_size is None):
+        raise UsageError("plan takes --recipe NAME, or --world-size N -- <Megatron-LM flags>")
+    if args.recipe is not None and args.megatron_lm_flags:
+        raise UsageError(f"--recipe takes no Megatron-LM flags, got {args.megatron_lm_flags[0]}")
+    if args.recipe is not None:
+        return _plan_recipe(args, started)
+    return _plan_megatron_lm(args, started)
+
+
+def _budget_args(args: argparse.Namespace) -> list[str]:
+    return ["--budget-gb", str(args.budget_gb)] if args.budget_gb != DEFAULT_BUDGET_GB else []
+
+
+def _plan_recipe(args: argparse.Namespace, started: float) -> int:
     recipe = load_recipe(args.recipe)
     workload = workload_from_recipe(recipe)
     pins = collect_revisions()["megatron_core"] or {}
@@ -57,9 +91,7 @@ def run(args: argparse.Namespace) -> int:
     if args.write_golden:
         writable(existing(golden_root(args.golden_dir)))
     estimate, source = estimate_golden(workload, args.golden_dir)
-    command = ["recompute-harness", "plan", "--recipe", recipe.name]
-    if args.budget_gb != DEFAULT_BUDGET_GB:
-        command += ["--budget-gb", str(args.budget_gb)]
+    command = ["recompute-harness", "plan", "--recipe", recipe.name, *_budget_args(args)]
     result = plan(
         workload,
         estimate,
@@ -68,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
         command=command,
         estimate_source=source,
     ).as_dict()
-    _print_plan(result, args.json)
-    if args.plot:
-        plot_plan(result, Path(args.plot))
+    _print_plan(result, args)
     if args.write_golden:
         written = write_capacity(result, target)
         print(f"{'wrote' if written else 'unchanged'} {target}", file=sys.stderr)
@@ -89,12 +119,55 @@ def run(args: argparse.Namespace) -> int:
             golden_line = f"{len(mismatches)} figure(s) differ; first: {mismatches[0].line()}"
             exit_code = EXIT_FAILED
     summary = plan_summary(
-        recipe.name, result, wall_s=time.monotonic() - started, golden_line=golden_line
+        recipe.name,
+        result,
+        command=f"plan --recipe {recipe.name}",
+        wall_s=time.monotonic() - started,
+        golden_line=golden_line,
     )
     print_summary(summary, stream)
     return exit_code
 
 
-def _print_plan(result: dict[str, Any], as_json: bool) -> None:
+def _plan_megatron_lm(args: argparse.Namespace, started: float) -> int:
+    if args.write_golden or args.check_golden:
+        raise UsageError("capacity goldens are kept per recipe: use --recipe with --*-golden")
+    run = parse_megatron_lm(args.megatron_lm_flags, args.world_size)
+    workload = workload_from_megatron_lm(run)
+    rows = candidate_rows(())
+    estimate, source = measure_megatron_lm(run, workload, [run.given.name, *rows])
+    command = [
+        "recompute-harness",
+        "plan",
+        "--world-size",
+        str(args.world_size),
+        *_budget_args(args),
+        "--",
+        *args.megatron_lm_flags,
+    ]
+    result = plan(
+        workload,
+        estimate,
+        budget_bytes=round(args.budget_gb * 1e9),
+        rows=rows,
+        command=command,
+        estimate_source=source,
+        ignored_flags=list(run.ignored),
+        given=run.given,
+    ).as_dict()
+    _print_plan(result, args)
+    summary = plan_summary(
+        "the Megatron-LM run",
+        result,
+        command=f"plan --world-size {args.world_size} -- <{len(args.megatron_lm_flags)} arguments>",
+        wall_s=time.monotonic() - started,
+    )
+    print_summary(summary, sys.stderr if args.json else sys.stdout)
+    return EXIT_OK
+
+
+def _print_plan(result: dict[str, Any], args: argparse.Namespace) -> None:
     """The plan on stdout: one JSON document, or the table (the verdict block follows it)."""
-    print(json.dumps(result, indent=2) if as_json else plan_table(result))
+    print(json.dumps(result, indent=2) if args.json else plan_table(result))
+    if args.plot:
+        plot_plan(result, Path(args.plot))

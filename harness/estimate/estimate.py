@@ -10,7 +10,10 @@ Method (docs/estimate.md):
    attribution per module) are extrapolated exactly to the recipe's sequence length
    (``harness.estimate.fit``: degree ≤ 2, the s² term being the unfused score matrix).
 3. Per rank: the layers of the hot pipeline stage (stage 0, which holds ``min(pp, microbatches)``
-   micro-batches in flight under 1F1B), each kind times its count. The hot rank is the TP rank with
+   micro-batches in flight under 1F1B), each kind times its count. Under an interleaved pipeline
+   (VPP) the totals still count 1F1B's in-flight micro-batches over the stage's share of layers:
+   per layer they are exact, and ``plan`` composes the interleaved schedule from them
+   (harness/plan/schedule.py). The hot rank is the TP rank with
    the most ``[]`` bytes (TP ranks are symmetric, so ties go to rank 0).
 
 Scope: transformer layers only. The embedding, final norm, output layer and loss retain the same
@@ -41,12 +44,13 @@ from harness.probe.measurement.status import (
     REQUIRES_TE,
     MeasuredRow,
 )
-from harness.processes import run_cpu_torchrun
+from harness.processes import run_cpu_torchrun, usable_cores
 from harness.record.build import now_iso
 from harness.record.metrics import MetricName
-from harness.run.recipes import Recipe
+from harness.run.recipes import Parallelism, Recipe
 
 PROBE_SEQ_LENGTHS = (64, 128, 256)
+# A rank's allowance; ranks beyond the usable cores share them, and get it per core's share.
 WORKER_TIMEOUT_S = 600.0
 UNMEASURED = "unmeasured"  # the row statuses are the probe's (harness.probe.measurement.status), plus this one
 # recipe attention_backend -> the probe's core attention (what GPU kernels keep: fused/flash/auto
@@ -117,6 +121,34 @@ class Estimate:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class EstimateTarget:
+    """What the estimate measures: the workload's name, the layout and batch its layers run at, and
+    the arguments a worker rank rebuilds the model from (``harness.estimate.worker``)."""
+
+    name: str
+    parallelism: Parallelism
+    world_size: int
+    seq_length: int
+    micro_batch_size: int
+    global_batch_size: int
+    precision: str
+    worker_source: tuple[str, ...]
+
+    @classmethod
+    def of_recipe(cls, recipe: Recipe) -> EstimateTarget:
+        return cls(
+            recipe.name,
+            recipe.parallelism,
+            recipe.world_size,
+            recipe.seq_length,
+            recipe.micro_batch_size,
+            recipe.global_batch_size,
+            recipe.precision,
+            ("--recipe", recipe.name),
+        )
+
+
 def attention_backend_for(recipe: Recipe, override: str | None) -> str:
     if override is not None:
         return override
@@ -139,8 +171,6 @@ def check_estimable(recipe: Recipe) -> None:
         raise UsageError(
             f"{where}: context parallel {layout.cp} is not modelled (the CPU core attentions have no CP)"
         )
-    if layout.vpp is not None:
-        raise UsageError(f"{where}: interleaved pipeline (vpp={layout.vpp}) is not modelled")
     if layout.tp > 8:
         raise UsageError(
             f"{where}: TP {layout.tp} would start {layout.tp} CPU ranks here; at most 8 are run"
@@ -154,19 +184,20 @@ def check_estimable(recipe: Recipe) -> None:
 
 
 def measure_recipe(
-    recipe: Recipe,
+    target: EstimateTarget,
     rows: list[str],
     attention_backend: str,
     seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
-    timeout_s: float = WORKER_TIMEOUT_S,
+    timeout_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run the TP ranks of the worker; their per-rank results."""
+    if timeout_s is None:
+        timeout_s = WORKER_TIMEOUT_S * max(1.0, target.parallelism.tp / usable_cores())
     child, texts = run_cpu_torchrun(
-        recipe.parallelism.tp,
+        target.parallelism.tp,
         "harness.estimate.worker",
         [
-            "--recipe",
-            recipe.name,
+            *target.worker_source,
             "--rows",
             json.dumps(rows),
             "--seqs",
@@ -181,7 +212,7 @@ def measure_recipe(
     if child is None:
         raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
     results = [json.loads(text) for text in texts]
-    if child.returncode != 0 or len(results) != recipe.parallelism.tp:
+    if child.returncode != 0 or len(results) != target.parallelism.tp:
         tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(
             f"the estimate's layer measurement failed (exit {child.returncode}): {tail}"
@@ -213,19 +244,19 @@ def hot_stage_layers(layer_kinds: list[str], pp: int, where: str) -> dict[str, i
 
 
 def assemble(
-    recipe: Recipe,
+    target: EstimateTarget,
     rows: list[str],
     attention_backend: str,
     results: list[dict[str, Any]],
     seq_lengths: tuple[int, ...] = PROBE_SEQ_LENGTHS,
 ) -> Estimate:
     """Per-rank results -> the estimate on the hot rank."""
-    where = f"recipe {recipe.name!r}"
+    where = f"recipe {target.name!r}"
     first = results[0]
-    layout = recipe.parallelism
+    layout = target.parallelism
     layers = hot_stage_layers(first["layer_kinds"], layout.pp, where)
-    micro_batches = recipe.global_batch_size // (
-        recipe.micro_batch_size * layout.data_parallel(recipe.world_size)
+    micro_batches = target.global_batch_size // (
+        target.micro_batch_size * layout.data_parallel(target.world_size)
     )
     in_flight = min(layout.pp, micro_batches)
 
@@ -236,7 +267,7 @@ def assemble(
         return (
             sum(
                 (
-                    _at_target(kinds[kind][row], recipe.seq_length)[0] * count
+                    _at_target(kinds[kind][row], target.seq_length)[0] * count
                     for kind, count in layers.items()
                 ),
                 Fraction(0),
@@ -255,15 +286,15 @@ def assemble(
     result = results[hot]
     control_total = control_totals[hot]
     control_parts = {
-        kind: _at_target(result["kinds"][kind][CONTROL_ROW], recipe.seq_length) for kind in layers
+        kind: _at_target(result["kinds"][kind][CONTROL_ROW], target.seq_length) for kind in layers
     }
 
     out_rows = [
-        _row(row, result, layers, in_flight, recipe.seq_length, control_total, control_parts)
+        _row(row, result, layers, in_flight, target.seq_length, control_total, control_parts)
         for row in rows
     ]
     stage = result["layer_kinds"][: len(result["layer_kinds"]) // layout.pp]
-    _add_peaks(out_rows, result, stage, in_flight, recipe.seq_length)
+    _add_peaks(out_rows, result, stage, in_flight, target.seq_length)
     score = (
         {
             kind: float(
@@ -278,13 +309,13 @@ def assemble(
         else {}
     )
     return Estimate(
-        recipe=recipe.name,
+        recipe=target.name,
         model=first["model"],
         source=first["source"],
         attention_backend=attention_backend,
-        precision=recipe.precision,
-        seq_length=recipe.seq_length,
-        micro_batch_size=recipe.micro_batch_size,
+        precision=target.precision,
+        seq_length=target.seq_length,
+        micro_batch_size=target.micro_batch_size,
         parallelism={
             "tp": layout.tp,
             "pp": layout.pp,
@@ -335,6 +366,16 @@ def rank_peak(
             if largest is None or value > largest[0]:
                 largest = (value, f"{phase} of layer {index} ({kind})")
     return largest
+
+
+_PEAK_PHASE = re.compile(r"(forward|backward) of layer (\d+) \(\w+\)")
+
+
+def peak_moment(peak_phase: str) -> tuple[str, int] | None:
+    """(``forward`` / ``backward``, layer index in the hot stage) of a row's ``peak_phase`` as
+    ``rank_peak`` writes it; None for a row without one."""
+    match = _PEAK_PHASE.fullmatch(peak_phase)
+    return None if match is None else (match[1], int(match[2]))
 
 
 def _add_peaks(
@@ -472,8 +513,9 @@ def estimate(
         chosen.insert(0, CONTROL_ROW)
     for row in chosen:
         RecomputeFields.parse(row)
-    results = measure_recipe(recipe, chosen, backend)
-    result = assemble(recipe, chosen, backend, results)
+    target = EstimateTarget.of_recipe(recipe)
+    results = measure_recipe(target, chosen, backend)
+    result = assemble(target, chosen, backend, results)
     revisions = collect_revisions()
     result.revisions = {
         key: revisions[key] for key in ("torch", "megatron_core", "transformer_engine")

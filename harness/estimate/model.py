@@ -138,6 +138,40 @@ def _moonlight_16b() -> Architecture:
     )
 
 
+def _llama3_70b() -> Architecture:
+    text = (
+        resources.files("harness")
+        .joinpath("data", "bridge", "llama3-70b.json")
+        .read_text(encoding="utf-8")
+    )
+    hf = json.loads(text)
+    config = {
+        "num_layers": hf["num_hidden_layers"],
+        "hidden_size": hf["hidden_size"],
+        "num_attention_heads": hf["num_attention_heads"],
+        "num_query_groups": hf["num_key_value_heads"],
+        "ffn_hidden_size": hf["intermediate_size"],
+        "kv_channels": hf["hidden_size"] // hf["num_attention_heads"],
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": hf["rms_norm_eps"],
+        "gated_linear_unit": hf["hidden_act"] == "silu",
+        "activation_func": torch.nn.functional.silu,
+        "add_bias_linear": hf["attention_bias"] or hf["mlp_bias"],
+        "attention_dropout": hf["attention_dropout"],
+        "hidden_dropout": 0.0,  # Llama has none
+    }
+    style = StyleModel(
+        "llama3-70b",
+        "Llama3 70B: 80 dense layers, GQA (64 heads in 8 groups), SwiGLU, RMSNorm",
+        config,
+    )
+    return Architecture(
+        style,
+        "harness/data/bridge/llama3-70b.json (Meta-Llama-3-70B, Megatron Bridge's values)",
+        (DENSE,) * hf["num_hidden_layers"],
+    )
+
+
 def hybrid_layer_kinds(pattern: str, where: str) -> tuple[str, ...]:
     """One kind per symbol of MCore's hybrid layer pattern; a symbol without a CPU layer model here
     (MCore's others: Gated DeltaNet, DSA / MLA attention; ``|`` pipeline and ``/`` MTP separators)
@@ -216,12 +250,15 @@ def architecture(recipe: Recipe) -> Architecture:
         arch = _moonlight_16b()
     elif bridge_recipe == "nemotron_3_nano":
         arch = _nemotron_3_nano(recipe)
+    elif bridge_recipe == "llama3_70b_sft_fp8cs":
+        arch = _llama3_70b()
     elif recipe.backend == "mcore":
         arch = _style(recipe)
     else:
         raise UsageError(
             f"recipe {recipe.name!r}: no CPU layer model for {recipe.model!r}; estimate covers "
-            "Moonlight 16B and Nemotron 3 Nano bridge recipes and mcore style-model recipes"
+            "Moonlight 16B, Nemotron 3 Nano and Llama3 70B bridge recipes and mcore style-model "
+            "recipes"
         )
     if len(arch.layer_kinds) != arch.config["num_layers"]:
         counted = (

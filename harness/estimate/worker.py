@@ -140,22 +140,29 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     from harness.cpu.adapter import init_cpu_parallel_state
+    from harness.estimate.megatron_lm import parse_megatron_lm
     from harness.estimate.model import architecture
     from harness.run.recipes import load_recipe
 
     torch.set_num_threads(1)  # one rank per core
-    recipe = load_recipe(args.recipe)
-    arch = architecture(recipe)
-    layout = recipe.parallelism
+    if args.recipe is not None:
+        recipe = load_recipe(args.recipe)
+        arch, layout = architecture(recipe), recipe.parallelism
+        precision, micro_batch_size = recipe.precision, recipe.micro_batch_size
+    else:
+        given = json.loads(args.megatron_lm)
+        run = parse_megatron_lm(given["flags"], given["world_size"])
+        arch, layout = run.arch, run.parallelism
+        precision, micro_batch_size = run.precision, run.micro_batch_size
     init_cpu_parallel_state(tp=layout.tp, etp=layout.etp, timeout_s=args.timeout)
     return {
         "rank": dist.get_rank(),
         **measure_kinds(
             arch,
             json.loads(args.rows),
-            precision=recipe.precision,
+            precision=precision,
             attention_backend=args.attention_backend,
-            micro_batch_size=recipe.micro_batch_size,
+            micro_batch_size=micro_batch_size,
             seq_lengths=[int(s) for s in args.seqs.split(",")],
             etp=layout.etp,
         ),
@@ -172,7 +179,11 @@ def main(argv: list[str]) -> int:
     defer_compile_before_megatron_core()  # CPU adapter part 4
     run_compiled_helpers_eagerly()  # byte counts are the same
     parser = argparse.ArgumentParser(prog="harness.estimate.worker")
-    parser.add_argument("--recipe", required=True)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--recipe")
+    source.add_argument(
+        "--megatron-lm", help='JSON {"world_size": N, "flags": [...]}: a Megatron-LM argument list'
+    )
     parser.add_argument("--rows", required=True, help="JSON list of row names")
     parser.add_argument("--seqs", required=True, help="comma-separated probe sequence lengths")
     parser.add_argument("--attention-backend", required=True)

@@ -6,34 +6,18 @@ budget, or moves its peak, fails naming the rank, phase and module."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
 from harness.files import write_json_atomic
+from harness.golden.figures import FigureMismatch
 from harness.record.io import read_json
 
 REQUIRED_KEYS = ("workload", "budget_bytes", "chosen", "rows", "provenance")
 WORKLOAD_KEYS = ("workload", "budget_bytes", "margin", "parallelism", "training")
 ROW_KEYS = ("status", "fits", "peak_bytes")
 RANK_KEYS = ("peak_bytes", "iteration", "phase", "module")
-
-
-@dataclass(frozen=True)
-class CapacityMismatch:
-    """One figure that differs from the golden."""
-
-    where: str
-    figure: str
-    golden: Any
-    actual: Any
-
-    def line(self) -> str:
-        delta = ""
-        if isinstance(self.golden, int) and isinstance(self.actual, int) and self.golden:
-            delta = f" ({(self.actual - self.golden) / abs(self.golden) * 100:+.2f} %)"
-        return f"{self.where}: {self.figure} golden {self.golden!r}, now {self.actual!r}{delta}"
 
 
 def load_capacity_golden(path: Path) -> dict[str, Any]:
@@ -66,24 +50,24 @@ def _measured(data: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in data.items() if key not in ("provenance", "revisions")}
 
 
-def judge_capacity(golden: dict[str, Any], actual: dict[str, Any]) -> list[CapacityMismatch]:
+def judge_capacity(golden: dict[str, Any], actual: dict[str, Any]) -> list[FigureMismatch]:
     """Every workload field, chosen row and row figure of ``actual`` that differs from ``golden``."""
     mismatches = [
-        CapacityMismatch("workload", key, golden.get(key), actual.get(key))
+        FigureMismatch("workload", key, golden.get(key), actual.get(key))
         for key in WORKLOAD_KEYS
         if golden.get(key) != actual.get(key)
     ]
     if golden["chosen"] != actual["chosen"]:
-        mismatches.append(CapacityMismatch("plan", "chosen", golden["chosen"], actual["chosen"]))
+        mismatches.append(FigureMismatch("plan", "chosen", golden["chosen"], actual["chosen"]))
     by_label = {row["label"]: row for row in golden["rows"]}
     for row in actual["rows"]:
         where = f"row {row['label']!r}"
         expected = by_label.get(row["label"])
         if expected is None:
-            mismatches.append(CapacityMismatch(where, "row", "absent", row["status"]))
+            mismatches.append(FigureMismatch(where, "row", "absent", row["status"]))
             continue
         mismatches += [
-            CapacityMismatch(where, key, expected.get(key), row.get(key))
+            FigureMismatch(where, key, expected.get(key), row.get(key))
             for key in ROW_KEYS
             if expected.get(key) != row.get(key)
         ]
@@ -92,7 +76,7 @@ def judge_capacity(golden: dict[str, Any], actual: dict[str, Any]) -> list[Capac
             before = golden_ranks.get(tuple(rank["ranks"]), {})
             span = f"{where} ranks {rank['ranks'][0]}-{rank['ranks'][-1]}"
             mismatches += [
-                CapacityMismatch(span, key, before.get(key), rank.get(key))
+                FigureMismatch(span, key, before.get(key), rank.get(key))
                 for key in RANK_KEYS
                 if before.get(key) != rank.get(key)
             ]

@@ -12,6 +12,7 @@ from harness.config.fields import RecomputeFields
 from harness.errors import UsageError
 from harness.estimate.estimate import Estimate
 from harness.files import write_json_atomic
+from harness.golden.figures import FigureMismatch
 from harness.golden.store import estimate_golden_path
 from harness.record.io import read_json
 from harness.record.metrics import MetricName
@@ -117,22 +118,6 @@ ROW_KEYS_SINCE = ("peak_bytes", "peak_saving_bytes", "peak_phase")
 PER_KIND_KEYS = ("layers", MetricName.RETAINED_BYTES, "saving_bytes")
 
 
-@dataclass(frozen=True)
-class EstimateMismatch:
-    """One figure that differs from the golden: ``where`` is ``workload`` or ``row '<label>'``."""
-
-    where: str
-    figure: str
-    golden: Any
-    actual: Any
-
-    def line(self) -> str:
-        delta = ""
-        if isinstance(self.golden, int) and isinstance(self.actual, int) and self.golden:
-            delta = f" ({(self.actual - self.golden) / abs(self.golden) * 100:+.2f} %)"
-        return f"{self.where}: {self.figure} golden {self.golden!r}, now {self.actual!r}{delta}"
-
-
 def golden_to_judge(path: Path) -> EstimateGolden:
     """The golden ``--check-golden`` judges against; a missing or malformed file is bad input."""
     if not Path(path).is_file():
@@ -156,11 +141,11 @@ def golden_rows(golden: EstimateGolden, requested: list[str] | None, where: Path
     return list(requested)
 
 
-def judge_estimate(golden: dict[str, Any], actual: dict[str, Any]) -> list[EstimateMismatch]:
+def judge_estimate(golden: dict[str, Any], actual: dict[str, Any]) -> list[FigureMismatch]:
     """Every workload field and row figure of ``actual`` that differs from ``golden`` (both the
     estimate's JSON, ``Estimate.as_dict()``)."""
     mismatches = [
-        EstimateMismatch("workload", key, golden.get(key), actual.get(key))
+        FigureMismatch("workload", key, golden.get(key), actual.get(key))
         for key in WORKLOAD_KEYS
         if golden.get(key) != actual.get(key)
     ]
@@ -169,17 +154,17 @@ def judge_estimate(golden: dict[str, Any], actual: dict[str, Any]) -> list[Estim
         expected = by_label.get(row["label"])
         where = f"row {row['label']!r}"
         if expected is None:
-            mismatches.append(EstimateMismatch(where, "row", "absent", "measured"))
+            mismatches.append(FigureMismatch(where, "row", "absent", "measured"))
             continue
         mismatches += [
-            EstimateMismatch(where, key, expected.get(key), row.get(key))
+            FigureMismatch(where, key, expected.get(key), row.get(key))
             for key in (*ROW_KEYS, *(key for key in ROW_KEYS_SINCE if key in expected))
             if expected.get(key) != row.get(key)
         ]
         golden_kinds, kinds = expected.get("per_kind") or {}, row.get("per_kind") or {}
         for kind in sorted(set(golden_kinds) | set(kinds)):
             mismatches += [
-                EstimateMismatch(
+                FigureMismatch(
                     where,
                     f"{kind} {key}",
                     (golden_kinds.get(kind) or {}).get(key),

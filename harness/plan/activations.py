@@ -26,11 +26,13 @@ A row neither measured nor derivable is ``unmeasured`` and names the estimate th
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
+from harness.estimate.estimate import peak_moment
 from harness.estimate.model import ATTENTION, DENSE, MAMBA, MLP, MOE
 from harness.probe.measurement.status import REQUIRES_TE
 from harness.record.metrics import MetricName
@@ -60,6 +62,14 @@ class RowActivations:
     transient: Fraction = Fraction(0)
     # full recompute: method and group size; None for selective rows
     full: tuple[str, int] | None = None
+    # Where the rank's activation peak is (the estimate's ``peak_phase``): in backward (of layer
+    # ``peak_layer`` of the stage; None: its last) or in forward. A row without a measured peak
+    # takes the control's.
+    peak_in_backward: bool = True
+    peak_layer: int | None = None
+    # The row whose checkpoints actually replay (None: this one): the row less the labels this
+    # run's modules have no checkpoint for (``[]`` when none is left).
+    replayed: str | None = None
 
     @property
     def usable(self) -> bool:
@@ -96,10 +106,36 @@ class LayerTable:
             for kind in self.layers
         }
 
+    def peak(self, row: dict[str, Any]) -> tuple[bool, int | None]:
+        """(in backward, layer) of the row's activation peak; (True, None) when not measured."""
+        moment = peak_moment(row.get("peak_phase") or "")
+        return (True, None) if moment is None else (moment[0] == "backward", moment[1])
+
     def transient(self, row: dict[str, Any]) -> Fraction | None:
         if row.get("peak_bytes") is None or row.get(MetricName.RETAINED_BYTES) is None:
             return None
         return Fraction(max(row["peak_bytes"] - row[MetricName.RETAINED_BYTES], 0))
+
+    def linear_inputs_per_layer(self, row_name: str) -> dict[str, Fraction]:
+        """Per layer kind, the bytes one layer keeps, for one micro-batch, in the inputs its
+        matrix products save for backward (the modules ``linear_*``, experts' included): the
+        control's attribution less what the row removes there."""
+        control = self.rows[CONTROL_ROW]
+        retained: dict[str, Fraction] = {
+            name: Fraction(value) for name, value in (control.get("attribution") or {}).items()
+        }
+        row = self.rows.get(row_name, control)
+        if row is not control:
+            for entry in row.get("removed") or []:
+                retained[entry["module"]] = (
+                    retained.get(entry["module"], Fraction(0)) - entry["bytes"]
+                )
+        out = {kind: Fraction(0) for kind in self.layers}
+        for name, value in retained.items():
+            kind, _, path = name.partition(":")
+            if kind in out and path.rsplit(".", 1)[-1].startswith("linear_"):
+                out[kind] += value / (self.layers[kind] * self.in_flight)
+        return out
 
     def expert_fc2_per_layer(self) -> Fraction:
         control = self.rows[RecomputeFields.parse(CONTROL_ROW).name]
@@ -110,22 +146,52 @@ class LayerTable:
         return Fraction(attributed, moe_layers * self.in_flight)
 
 
+def with_fp8_linear_inputs(row: RowActivations, table: LayerTable) -> RowActivations:
+    """``row`` under Transformer Engine's FP8 (delayed or current scaling): each linear quantizes
+    its input to FP8 for its GEMM and saves that copy, one byte an element, for the weight
+    gradient (``transformer_engine/pytorch/module/linear.py``: ``save_for_backward`` of the
+    quantized input; ``layernorm_linear.py`` the same for the norm's output), where the bf16 run
+    saves two; everything else a layer keeps (norm inputs, attention's q/k/v and output, the
+    activation function's input) stays in bf16. So the bytes of the linear inputs the row retains
+    are halved; its transient (a replay, the backward's own) is left as measured."""
+    source = row.replayed or row.label
+    if row.full is not None:
+        source = CONTROL_ROW  # full recompute keeps the control's layers where it keeps any
+    inputs = table.linear_inputs_per_layer(
+        source if source in table.rows and table.rows[source].get("per_kind") else CONTROL_ROW
+    )
+    halved = {
+        kind: value - inputs.get(kind, Fraction(0)) / 2 for kind, value in row.per_layer.items()
+    }
+    return dataclasses.replace(row, per_layer=halved)
+
+
 def control_activations(table: LayerTable) -> RowActivations:
     control = table.rows[CONTROL_ROW]
     per_layer = table.per_layer(control)
     assert per_layer is not None, "the estimate's [] row has every layer kind"
+    in_backward, layer = table.peak(control)
     return RowActivations(
         CONTROL_ROW,
         "measured",
         per_layer=per_layer,
         transient=table.transient(control) or Fraction(0),
+        peak_in_backward=in_backward,
+        peak_layer=layer,
     )
 
 
 def row_activations(
-    label: str, table: LayerTable, kinds: set[str], rejected: dict[str, tuple[str, str]]
+    label: str,
+    table: LayerTable,
+    kinds: set[str],
+    rejected: dict[str, tuple[str, str]],
+    *,
+    grouped_experts: bool,
 ) -> RowActivations:
-    """The row's per-layer bytes: measured, derived from the code, or why not."""
+    """The row's per-layer bytes: measured, derived from the code, or why not. ``grouped_experts``:
+    the GPU run's experts are ``TEGroupedMLP`` (else ``SequentialMLP``, where ``moe_act`` has no
+    checkpoint site)."""
     fields = RecomputeFields.parse(label)
     name = fields.name
     control = control_activations(table)
@@ -134,6 +200,35 @@ def row_activations(
         return RowActivations(name, "rejected", message, rule)
     if name == CONTROL_ROW:
         return control
+    te_only = set(fields.modules or ()) & TE_ONLY_LABELS
+    if te_only and not grouped_experts:
+        rest = [m for m in fields.modules or () if m not in TE_ONLY_LABELS]
+        reason = (
+            f"{'+'.join(sorted(te_only))}: this run's experts are SequentialMLP, which has no "
+            "checkpoint for it (TEGroupedMLP only)"
+        )
+        if not rest:
+            return RowActivations(
+                name,
+                "inactive",
+                reason,
+                per_layer=dict(control.per_layer),
+                transient=control.transient,
+                peak_in_backward=control.peak_in_backward,
+                peak_layer=control.peak_layer,
+                replayed=CONTROL_ROW,
+            )
+        active = row_activations(
+            RecomputeFields.selective(*rest).name,
+            table,
+            kinds,
+            rejected,
+            grouped_experts=grouped_experts,
+        )
+        active.replayed = active.label
+        active.label = name
+        active.reason = "; ".join(filter(None, [reason, active.reason]))
+        return active
     if fields.granularity == "full":
         return RowActivations(
             name,
@@ -142,6 +237,8 @@ def row_activations(
             per_layer=dict(control.per_layer),
             transient=control.transient,
             full=(str(fields.method), int(fields.num_layers or 1)),
+            peak_in_backward=control.peak_in_backward,
+            peak_layer=control.peak_layer,
         )
     modules = set(fields.modules or ())
     sites = set().union(*(LABEL_SITES.get(kind, frozenset()) for kind in kinds))
@@ -152,7 +249,26 @@ def row_activations(
             f"no layer kind of this model ({', '.join(sorted(kinds))}) has a checkpoint site for it",
             per_layer=dict(control.per_layer),
             transient=control.transient,
+            peak_in_backward=control.peak_in_backward,
+            peak_layer=control.peak_layer,
+            replayed=CONTROL_ROW,
         )
+    if modules - sites and name not in table.rows:
+        # Labels no layer kind has a site for checkpoint nothing: the row is its other labels'.
+        rest = [m for m in fields.modules or () if m in sites]
+        active = row_activations(
+            RecomputeFields.selective(*rest).name,
+            table,
+            kinds,
+            rejected,
+            grouped_experts=grouped_experts,
+        )
+        active.replayed = active.replayed or active.label
+        active.label = name
+        active.reason = "; ".join(
+            filter(None, [f"{'+'.join(sorted(modules - sites))}: no site here", active.reason])
+        )
+        return active
     measured = table.rows.get(name)
     te_only = modules & TE_ONLY_LABELS
     if measured is not None:
@@ -166,7 +282,19 @@ def row_activations(
                 transient = control.transient + max(
                     (control.per_layer[k] - per_layer[k] for k in per_layer), default=Fraction(0)
                 )
-            return RowActivations(name, "measured", per_layer=per_layer, transient=transient)
+            in_backward, layer = (
+                table.peak(measured)
+                if measured.get("peak_phase")
+                else (control.peak_in_backward, control.peak_layer)
+            )
+            return RowActivations(
+                name,
+                "measured",
+                per_layer=per_layer,
+                transient=transient,
+                peak_in_backward=in_backward,
+                peak_layer=layer,
+            )
         if te_only and (per_layer is not None or modules == te_only):
             base = per_layer if per_layer is not None else dict(control.per_layer)
             fc2 = table.expert_fc2_per_layer()
@@ -178,6 +306,8 @@ def row_activations(
                 f"({float(fc2) / 1e6:.1f} MB a MoE layer, the control's attribution)",
                 per_layer=derived,
                 transient=control.transient + fc2,  # replayed in backward
+                peak_in_backward=control.peak_in_backward,
+                peak_layer=control.peak_layer,
             )
     return RowActivations(
         name,

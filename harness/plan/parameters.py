@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from harness.plan.workload import TrainingJob
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
+# The weights of a layer's matrix products (MCore's linear_* modules, the experts' weight<i>):
+# Transformer Engine's FP8 GEMM operands. Norms, biases, the router stay in the parameter dtype.
+_GEMM_WEIGHT = re.compile(r"\.linear_\w+\.weight\d*$|\.weight\d+$")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,11 @@ class ParameterCounts:
     embedding: int
     head: int  # final norm + output layer (0 for an output layer tied to the embedding)
     tied: bool
+    gemm_per_layer: tuple[int, ...] = ()  # elements of each layer's matrix-product weights
+
+    def stage_gemm(self, layers: list[int]) -> int:
+        """Elements of the matrix-product weights of the decoder layers ``layers``."""
+        return sum(self.gemm_per_layer[i] for i in layers)
 
     def stage(self, layers: list[int], first: bool, last: bool, pp: int) -> tuple[int, int]:
         """(dense, expert) elements of a pipeline stage holding ``layers``."""
@@ -101,7 +109,9 @@ def full_config(workload: TrainingJob, fields: RecomputeFields) -> Any:
     }
     config = workload.arch.config
     overrides["hidden_dropout"] = config.get("hidden_dropout", 0.0)
-    overrides["attention_dropout"] = config.get("attention_dropout", 0.0)
+    # A fused core attention keeps only an RNG seed for its dropout (the CPU one has none).
+    fused = workload.attention_backend == "fused"
+    overrides["attention_dropout"] = 0.0 if fused else config.get("attention_dropout", 0.0)
     return transformer_config(
         workload.arch.style, fields, dtype=DTYPES[workload.precision], **overrides
     )
@@ -130,8 +140,8 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
                     config,
                     block_spec,
                     vocab_size=workload.vocab_size,
-                    max_sequence_length=workload.seq_length,
-                    position_embedding_type="rope",
+                    max_sequence_length=workload.max_position_embeddings or workload.seq_length,
+                    position_embedding_type=workload.position_embedding_type,
                     share_embeddings_and_output_weights=not workload.untie_embeddings,
                 )
         return _counts(model, config.num_layers, workload)
@@ -153,6 +163,7 @@ def _sequence_parallel_norms(block_spec: Any) -> None:
 
 def _counts(model: torch.nn.Module, layers: int, workload: TrainingJob) -> ParameterCounts:
     per_layer: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    gemm: dict[int, int] = defaultdict(int)
     embedding = head = 0
     vocab_rows = workload.vocab_size // workload.parallelism.tp
     for name, parameter in model.named_parameters():
@@ -160,6 +171,8 @@ def _counts(model: torch.nn.Module, layers: int, workload: TrainingJob) -> Param
         match = _LAYER.match(name)
         if match:
             per_layer[int(match[1])][0 if getattr(parameter, "allreduce", True) else 1] += n
+            if _GEMM_WEIGHT.search(name):
+                gemm[int(match[1])] += n
         elif name.startswith("embedding."):
             embedding += n
         else:
@@ -179,6 +192,7 @@ def _counts(model: torch.nn.Module, layers: int, workload: TrainingJob) -> Param
         embedding,
         head,
         tied=not workload.untie_embeddings,
+        gemm_per_layer=tuple(gemm[i] for i in sorted(per_layer)),
     )
 
 

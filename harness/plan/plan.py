@@ -6,17 +6,27 @@ from __future__ import annotations
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
 from harness.config.revisions import collect_revisions
 from harness.errors import UsageError
 from harness.golden.store import estimate_golden_path, existing, golden_root
-from harness.plan.activations import LayerTable, RowActivations, row_activations
+from harness.plan.activations import (
+    LABEL_SITES,
+    LayerTable,
+    RowActivations,
+    row_activations,
+    with_fp8_linear_inputs,
+)
 from harness.plan.flops import cost_share
 from harness.plan.parameters import count_parameters, fake_parallel_state, full_config
 from harness.plan.step import UNSEEN, moment_json, rank_peaks
 from harness.plan.workload import TrainingJob
+
+if TYPE_CHECKING:
+    from harness.estimate.megatron_lm import MegatronLMRun
 from harness.record.build import now_iso
 from harness.record.io import read_json
 
@@ -47,6 +57,8 @@ NESTED_PAIRS = (
 FULL_ROWS = ("full-uniform-1", "full-uniform-2", "full-block-1")
 
 FITS, OOM, REJECTED, UNMEASURED = "fits", "oom", "rejected", "unmeasured"
+# The label of the row a Megatron-LM argument list asks for, as given.
+GIVEN = "given"
 
 
 @dataclass
@@ -90,7 +102,7 @@ def candidate_rows(workload_rows: tuple[str, ...]) -> list[str]:
     return list(names)
 
 
-def estimate_golden(workload: TrainingJob, root: str | None) -> tuple[dict[str, Any], str]:
+def estimate_golden(workload: TrainingJob, root: Path | str | None) -> tuple[dict[str, Any], str]:
     """The estimate measurements of the workload at the installed Megatron Core (and its path)."""
     path = estimate_golden_path(
         workload.name,
@@ -106,18 +118,75 @@ def estimate_golden(workload: TrainingJob, root: str | None) -> tuple[dict[str, 
     return read_json(path), str(path)
 
 
-def _rejections(workload: TrainingJob, rows: list[str]) -> dict[str, tuple[str, str]]:
+def _rejections(workload: TrainingJob, rows: list[RecomputeFields]) -> dict[str, tuple[str, str]]:
     """The rows the real validator rejects on the full model's config: row -> (rule, message)."""
     from harness.config.validate import MCORE_REJECTIONS, ConfigRejected
 
     rejected = {}
-    for row in rows:
+    for fields in rows:
         try:
-            full_config(workload, RecomputeFields.parse(row))
+            full_config(workload, fields)
         except MCORE_REJECTIONS as exc:
             verdict = ConfigRejected.from_exception(exc)
-            rejected[row] = (verdict.rule, verdict.message.strip().splitlines()[0])
+            rejected[fields.name] = (verdict.rule, verdict.message.strip().splitlines()[0])
     return rejected
+
+
+def resolved_row(workload: TrainingJob, fields: RecomputeFields) -> RecomputeFields:
+    """``fields`` as the validator completes them (selective without modules: MCore's default
+    modules); unchanged when the validator rejects them. The fake parallel state must be running."""
+    from harness.config.validate import MCORE_REJECTIONS
+
+    if fields.granularity != "selective" or fields.modules is not None:
+        return fields
+    try:
+        config = full_config(workload, fields)
+    except MCORE_REJECTIONS:
+        return fields
+    return RecomputeFields.selective(*config.recompute_modules)
+
+
+def measurable_rows(workload: TrainingJob, rows: list[str]) -> list[str]:
+    """The rows worth a layer measurement: ``[]`` and the selective rows whose labels have a
+    checkpoint site in one of the model's layer kinds (full rows and the rest are derived)."""
+    sites = set().union(*(LABEL_SITES.get(kind, frozenset()) for kind in workload.arch.kinds))
+    chosen = [CONTROL_ROW]
+    for row in rows:
+        fields = RecomputeFields.parse(row)
+        if fields.granularity == "selective" and set(fields.modules or ()) & sites:
+            chosen.append(fields.name)
+    return list(dict.fromkeys(chosen))
+
+
+def measure_megatron_lm(
+    run: MegatronLMRun, workload: TrainingJob, rows: list[str]
+) -> tuple[dict[str, Any], str]:
+    """The estimate's layer measurements of a Megatron-LM argument list, made now (no golden holds
+    them): the real layers at their per-rank widths on this machine's CPU, as for a recipe."""
+    from harness.estimate.estimate import EstimateTarget, assemble, measure_recipe
+
+    if run.parallelism.tp > 8:
+        raise UsageError(f"TP {run.parallelism.tp} would start that many CPU ranks; at most 8 run")
+    target = EstimateTarget(
+        run.name,
+        run.parallelism,
+        run.world_size,
+        run.seq_length,
+        run.micro_batch_size,
+        run.global_batch_size,
+        run.precision,
+        ("--megatron-lm", run.worker_json()),
+    )
+    names = measurable_rows(workload, rows)
+    try:
+        results = measure_recipe(target, names, workload.attention_backend)
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
+    estimate = assemble(target, names, workload.attention_backend, results)
+    return (
+        estimate.as_dict(),
+        f"measured now ({len(names)} rows at seq {estimate.probe_seq_lengths})",
+    )
 
 
 def plan(
@@ -129,14 +198,22 @@ def plan(
     command: list[str],
     estimate_source: str,
     ignored_flags: list[str] | None = None,
+    given: RecomputeFields | None = None,
 ) -> Plan:
-    """Predict every row's per-rank peak and choose the cheapest that fits with ``MARGIN``."""
+    """Predict every row's per-rank peak and choose the cheapest that fits with ``MARGIN``; with
+    ``given`` (a Megatron-LM argument list's row) a first row labelled ``given``."""
     counts = count_parameters(workload)
+    labelled = [(row, RecomputeFields.parse(row)) for row in rows]
     with fake_parallel_state(workload):
-        rejected = _rejections(workload, rows)
+        if given is not None:
+            labelled.insert(0, (GIVEN, resolved_row(workload, given)))
+        rejected = _rejections(workload, [fields for _, fields in labelled])
     table = LayerTable.from_estimate(estimate)
     kinds = list(workload.arch.layer_kinds)
-    out = [_row(workload, counts, table, kinds, row, rejected, budget_bytes) for row in rows]
+    out = [
+        _row(workload, counts, table, kinds, label, fields, rejected, budget_bytes)
+        for label, fields in labelled
+    ]
     limit = budget_bytes * (1 - MARGIN)
     fitting = [r for r in out if r.peak_bytes is not None and r.peak_bytes <= limit]
     chosen = min(fitting, key=lambda r: (r.cost_share or 0.0, r.peak_bytes or 0), default=None)
@@ -191,19 +268,24 @@ def _row(
     table: LayerTable,
     kinds: list[str],
     label: str,
+    fields: RecomputeFields,
     rejected: dict[str, tuple[str, str]],
     budget: int,
 ) -> PlanRow:
-    activations: RowActivations = row_activations(label, table, set(kinds), rejected)
+    activations: RowActivations = row_activations(
+        fields.name, table, set(kinds), rejected, grouped_experts=workload.grouped_experts
+    )
     if activations.source == "rejected":
         return PlanRow(
             label, REJECTED, None, None, None, "validator", activations.reason, activations.rule
         )
     if not activations.usable:
         return PlanRow(label, UNMEASURED, None, None, None, "none", activations.reason)
+    if workload.fp8 is not None:
+        activations = with_fp8_linear_inputs(activations, table)
     config = workload.arch.config
     share = cost_share(
-        label,
+        activations.replayed or fields.name,
         kinds,
         config,
         workload.seq_length,

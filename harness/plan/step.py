@@ -1,27 +1,47 @@
 """A rank's memory over iteration 1 and a steady-state iteration, moment by moment, and its peak.
 
-Persistent bytes (from the real model's shard, ``harness.plan.parameters``; Megatron Core's DDP and
-optimizer code):
+Persistent bytes (from the real model's shard, ``harness.plan.parameters``), by the optimizer the
+run builds (``workload.Optimizer``):
 
-- parameters in their dtype; with the distributed optimizer MCore's DDP moves them into one
-  contiguous buffer (the same bytes);
-- the DDP gradient buffer, allocated before the first step: fp32 with ``grad_reduce_in_fp32`` /
+- ``megatron`` (Megatron Core's DDP and mixed-precision optimizer): parameters in their dtype (with
+  the distributed optimizer MCore's DDP moves them into one contiguous buffer: the same bytes); the
+  DDP gradient buffer, allocated with the model: fp32 with ``grad_reduce_in_fp32`` /
   ``--accumulate-allreduce-grads-in-fp32`` (Bridge's ``main_grads_dtype``), else the parameter dtype;
-- the optimizer: fp32 main parameters for 16-bit training, allocated when the optimizer is built, and
-  Adam's ``exp_avg`` / ``exp_avg_sq`` (fp32), allocated lazily by the first ``step()``; the
-  distributed optimizer shards all three over the data-parallel group (dense parameters) and the
-  expert data-parallel group (expert parameters); with 16-bit gradients the step also makes an fp32
-  copy of the (sharded) gradients.
+  fp32 main parameters for 16-bit training, allocated when the optimizer is built, and Adam's
+  ``exp_avg`` / ``exp_avg_sq``, allocated lazily by the first ``step()``; the distributed optimizer
+  shards all three over the data-parallel group (dense parameters) and the expert data-parallel
+  group (expert parameters); with 16-bit gradients and fp32 moments the step also makes an fp32 copy
+  of the (sharded) gradients.
+- ``torch-adamw`` (the harness's ``mcore`` back end): parameters in their dtype; ``p.grad`` in the
+  parameter dtype, made by backward (a parameter's gradient appears when its layer's backward runs)
+  and freed by ``zero_grad(set_to_none=True)`` after every step, so a forward holds none; AdamW's
+  ``exp_avg`` / ``exp_avg_sq`` in the parameter dtype (``zeros_like(p)``), made by iteration 1's
+  ``step()``, nothing sharded. Its step is torch's ``foreach`` implementation (the default for CUDA
+  parameters): every update is in place except ``torch._foreach_sqrt(exp_avg_sqs)``, one more
+  parameter-sized list in the parameter dtype for the length of the step.
+
+Buffers the run keeps for its whole life, beside the model (``buffers``):
+
+- MCore's local core attention (``DotProductAttention``, the ``unfused`` back end) computes its
+  ``[b * heads/tp, s, s]`` scores into ``get_global_memory_buffer().get_tensor(..., "mpu")``: one
+  buffer in the parameter dtype, allocated by the first layer's forward and never freed (every layer
+  reuses it: same name, dtype and shape);
+- the mcore back end's style model keeps its ``[1, 1, s, s]`` bool causal mask on the device
+  (``workload.resident_causal_mask``).
 
 Moments, per iteration (iteration 1 holds no Adam moments until its step; a steady-state iteration
 holds them throughout):
 
-- ``activations``: the stage's in-flight micro-batches' retained layers plus the row's transient (the
-  layer's forward/backward peak, or a checkpoint's replay);
-- ``logits and cross entropy`` (last stage): the retained stage plus the output layer's logits ``[s, b, V/tp]`` in the
-  parameter dtype and the fp32 copy cross entropy works in (``vocab_parallel_cross_entropy``:
-  ``.float()``, then exp in place: the copy is what backward keeps), and the output layer's input;
-- ``optimizer step``: the persistent bytes after the step, plus the fp32 gradient copy.
+- ``forward/backward``: the stage's in-flight micro-batches' retained layers plus the row's transient
+  (the layer's forward/backward peak, or a checkpoint's replay); under ``torch-adamw`` the gradients
+  backward has made by then (the layers from the one whose backward holds the peak to the stage's
+  last, and the output layer: backward runs them first);
+- ``logits and cross entropy`` (last stage): the retained stage plus the output layer's logits
+  ``[s, b, V/tp]`` in the parameter dtype and the fp32 copy cross entropy works in
+  (``vocab_parallel_cross_entropy``: ``.float()``, then exp in place: the copy is what backward
+  keeps), and the output layer's input;
+- ``optimizer step``: the persistent bytes after the step, every gradient, plus the step's own
+  temporaries (the fp32 gradient copy, or AdamW's square-root list).
 
 Not seen, with the size assumed (``UNSEEN``): they are named in the output.
 """
@@ -35,19 +55,23 @@ from typing import Any
 from harness.plan.activations import RowActivations
 from harness.plan.parameters import ParameterCounts
 from harness.plan.schedule import chunk_layers, in_flight_chunks
-from harness.plan.workload import TrainingJob
+from harness.plan.workload import DTYPE_BYTES, Optimizer, TrainingJob
 
-DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-# Transformer Engine's cuBLAS workspace on Hopper (transformer_engine/pytorch/module/base.py,
-# get_cublas_workspace_size_bytes: 32 MiB), a torch allocation, so in max_memory_allocated.
+# cuBLAS workspaces, torch allocations (so in max_memory_allocated), 32 MiB each on Hopper: torch's,
+# one per (cuBLAS handle, stream), and torch keeps a handle per thread, so one for the forward's
+# thread and one for autograd's device thread that runs backward (both seen on the H200:
+# tests/measured/gpu-memtrace-h200-20261204); Transformer Engine's own, one a process
+# (transformer_engine/pytorch/module/base.py, get_cublas_workspace_size_bytes).
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
+TORCH_GEMM_THREADS = 2
 UNSEEN = {
     "allocator fragmentation": "0 (max_memory_allocated counts allocated blocks, not reserved ones)",
     "NCCL buffers": "0 (NCCL allocates outside PyTorch's caching allocator)",
     "CUDA-graph private pools": "0 (static inputs/outputs of captured layers; Nemotron's attention "
     "and Mamba graphs keep them, the card calls them material)",
     "dispatcher buffers of alltoall / HybridEP": "as the CPU allgather dispatcher's (measured)",
-    "cuBLAS / TE workspace": f"{CUBLAS_WORKSPACE_BYTES} bytes (counted)",
+    "cuBLAS / TE workspace": f"{CUBLAS_WORKSPACE_BYTES} bytes each: torch's forward and backward "
+    "threads', TE's (counted)",
     "TE fused kernels' own saved tensors": "as the CPU stand-ins' (docs/estimate.md lists them)",
 }
 
@@ -77,24 +101,77 @@ class RankPeak:
         return next((m for m in self.moments if m.total > budget), None)
 
 
-def persistent_bytes(
-    workload: TrainingJob, dense: int, expert: int, *, moments: bool
-) -> dict[str, int]:
-    """Parameters, gradients and optimizer state of a rank with ``dense`` + ``expert`` elements."""
+def parameter_bytes(workload: TrainingJob, elements: int, gemm: int) -> tuple[int, int]:
+    """(parameters, FP8 weight workspaces) of ``elements`` parameters of which ``gemm`` are
+    matrix-product weights. Transformer Engine under FP8: with ``fp8_param`` (``--fp8-param-gather``,
+    Bridge's FP8 current scaling) those weights are FP8 tensors, one byte an element (MCore builds
+    them under ``fp8_model_init``; a transpose for the backward GEMM is made per use where the
+    parameter transpose cache is off, as those recipes set it); without it they stay in the
+    parameter dtype and each TE module caches their FP8 copy across micro-batches, row-wise and
+    column-wise (two bytes an element, kept for the step)."""
     width = DTYPE_BYTES[workload.precision]
-    grad = 4 if workload.grad_reduce_in_fp32 else width
-    dp, edp = (
-        (workload.data_parallel, workload.expert_data_parallel)
-        if workload.distributed_optimizer
-        else (1, 1)
-    )
-    per_param = (4 if width != 4 else 0) + (2 * workload.moment_bytes if moments else 0)
-    optimizer = Fraction(dense * per_param, dp) + Fraction(expert * per_param, edp)
-    return {
-        "parameters": (dense + expert) * width,
-        "gradients": (dense + expert) * grad,
-        "optimizer_state": round(optimizer),
-    }
+    if workload.fp8 is None:
+        return elements * width, 0
+    if workload.fp8_param:
+        return (elements - gemm) * width + gemm, 0
+    return elements * width, 2 * gemm
+
+
+def cublas_workspaces(workload: TrainingJob) -> int:
+    """torch's cuBLAS workspaces (forward and backward threads) and, with TE, TE's."""
+    return CUBLAS_WORKSPACE_BYTES * (TORCH_GEMM_THREADS + int(workload.transformer_engine))
+
+
+def _sharding(workload: TrainingJob) -> tuple[int, int]:
+    """(dense, expert) data-parallel sizes the optimizer state is sharded over (1: not sharded)."""
+    if workload.optimizer is Optimizer.MEGATRON and workload.distributed_optimizer:
+        return workload.data_parallel, workload.expert_data_parallel
+    return 1, 1
+
+
+def optimizer_bytes(workload: TrainingJob, dense: int, expert: int, *, moments: bool) -> int:
+    """Optimizer state of a rank with ``dense`` + ``expert`` elements: main parameters (Megatron's,
+    16-bit training) and, once the first step made them, Adam's two moments."""
+    width = DTYPE_BYTES[workload.precision]
+    megatron_16bit = workload.optimizer is Optimizer.MEGATRON and width != 4
+    main = workload.main_param_bytes if megatron_16bit else 0
+    per_param = main + (workload.optimizer_state_bytes if moments else 0)
+    dp, edp = _sharding(workload)
+    return round(Fraction(dense * per_param, dp) + Fraction(expert * per_param, edp))
+
+
+def gradient_buffer_bytes(workload: TrainingJob, elements: int) -> int:
+    """Megatron DDP's gradient buffer of ``elements`` parameters (0 under ``torch-adamw``: no buffer)."""
+    if workload.optimizer is not Optimizer.MEGATRON:
+        return 0
+    return elements * (4 if workload.grad_reduce_in_fp32 else DTYPE_BYTES[workload.precision])
+
+
+def resident_buffer_bytes(workload: TrainingJob) -> int:
+    """MCore's global attention-score buffer (local core attention) and the causal mask: the mcore
+    back end's, resident, or the data loader's of the micro-batch being run."""
+    config = workload.arch.config
+    scores = 0
+    if workload.attention_backend == "unfused" and _has_attention(workload):
+        heads = config["num_attention_heads"] // workload.parallelism.tp
+        scores = (
+            workload.micro_batch_size
+            * heads
+            * workload.seq_length**2
+            * DTYPE_BYTES[workload.precision]
+        )
+    mask = workload.seq_length**2 if workload.resident_causal_mask else 0
+    if workload.attention_mask_in_batch:
+        mask += workload.micro_batch_size * workload.seq_length**2
+    return scores + mask
+
+
+def _has_attention(workload: TrainingJob) -> bool:
+    from harness.estimate.model import ATTENTION, DENSE, MOE
+
+    if workload.arch.style.hybrid_pattern:
+        return ATTENTION in workload.arch.layer_kinds
+    return bool({DENSE, MOE} & set(workload.arch.layer_kinds))
 
 
 def _stage_activations(
@@ -151,22 +228,67 @@ def logits_bytes(workload: TrainingJob) -> tuple[int, int]:
     return elements * width, (elements * 4 if fp32_copy else 0)
 
 
+def _gradients_made_by_peak(
+    workload: TrainingJob,
+    counts: ParameterCounts,
+    row: RowActivations,
+    layers: list[int],
+    last: bool,
+) -> int:
+    """``torch-adamw``: the gradient bytes backward has made by the stage's activation peak: none
+    if the peak is in forward; else the output layer's (and the tied embedding's, which the output
+    layer uses) and those of the layers from the peak's to the stage's last (backward runs them
+    first; the peak layer's own are counted whole: its weight gradients are made during its
+    backward, where the peak is)."""
+    if not row.peak_in_backward:
+        return 0
+    first = layers[-1] if row.peak_layer is None else row.peak_layer
+    dense, expert = counts.stage([i for i in layers if i >= first], False, False, 1)
+    head = (counts.head + (counts.embedding if counts.tied else 0)) if last else 0
+    return (dense + expert + head) * DTYPE_BYTES[workload.precision]
+
+
+def _step_temporaries(workload: TrainingJob, dense: int, expert: int) -> int:
+    """What the optimizer step allocates for its length: Megatron's fp32 copy of 16-bit gradients
+    (not for the precision-aware optimizer, which reads them as they are), or AdamW's square roots."""
+    width = DTYPE_BYTES[workload.precision]
+    if workload.optimizer is Optimizer.TORCH_ADAMW:
+        return (dense + expert) * width  # the square roots of exp_avg_sq, in its dtype
+    if width != 4 and not workload.grad_reduce_in_fp32 and not workload.precision_aware_optimizer:
+        dp, edp = _sharding(workload)
+        return 4 * dense // dp + 4 * expert // edp
+    return 0
+
+
 def rank_peaks(
     workload: TrainingJob, counts: ParameterCounts, row: RowActivations, kinds: list[str]
 ) -> list[RankPeak]:
     """Every pipeline stage's moments over iteration 1 and a steady-state iteration, and its peak."""
     layout = workload.parallelism
     ranks_per_stage = workload.world_size // layout.pp
+    width = DTYPE_BYTES[workload.precision]
+    buffers = resident_buffer_bytes(workload)
     peaks = []
     for stage in range(layout.pp):
         layers = [i for chunk in chunk_layers(len(kinds), layout, stage) for i in chunk]
         first, last = stage == 0, stage == layout.pp - 1
         dense, expert = counts.stage(layers, first, last, layout.pp)
+        elements = dense + expert
         retained, transient, where = _stage_activations(workload, row, kinds, stage)
+        parameters, fp8_workspaces = parameter_bytes(workload, elements, counts.stage_gemm(layers))
+        fixed = {
+            "parameters": parameters,
+            "workspace": cublas_workspaces(workload) + fp8_workspaces,
+            "buffers": buffers,
+        }
+        if workload.optimizer is Optimizer.MEGATRON:
+            all_gradients = activation_gradients = gradient_buffer_bytes(workload, elements)
+        else:
+            all_gradients = elements * width
+            activation_gradients = _gradients_made_by_peak(workload, counts, row, layers, last)
         moments: list[Moment] = []
         for iteration in (1, 2):
-            persistent = persistent_bytes(workload, dense, expert, moments=iteration > 1)
-            fixed = {**persistent, "workspace": CUBLAS_WORKSPACE_BYTES}
+            state = optimizer_bytes(workload, dense, expert, moments=iteration > 1)
             moments.append(
                 Moment(
                     iteration,
@@ -174,6 +296,8 @@ def rank_peaks(
                     where,
                     {
                         **fixed,
+                        "gradients": activation_gradients,
+                        "optimizer_state": state,
                         "activations": round(retained),
                         "temporaries": round(transient),
                     },
@@ -181,7 +305,6 @@ def rank_peaks(
             )
             if last:
                 logits, fp32_copy = logits_bytes(workload)
-                head_input = _hidden_bytes(workload)
                 moments.append(
                     Moment(
                         iteration,
@@ -189,29 +312,24 @@ def rank_peaks(
                         "output_layer",
                         {
                             **fixed,
-                            "activations": round(retained) + head_input,
+                            "gradients": gradient_buffer_bytes(workload, elements),
+                            "optimizer_state": state,
+                            "activations": round(retained) + _hidden_bytes(workload),
                             "temporaries": logits + fp32_copy,
                         },
                     )
                 )
-            after_step = persistent_bytes(workload, dense, expert, moments=True)
-            width = DTYPE_BYTES[workload.precision]
-            grad_copy = 0
-            # MCore's optimizer copies 16-bit gradients to fp32 for its step; the precision-aware one
-            # (bf16 moments) reads them as they are.
-            if width != 4 and not workload.grad_reduce_in_fp32 and workload.moment_bytes == 4:
-                dp, edp = (
-                    (workload.data_parallel, workload.expert_data_parallel)
-                    if workload.distributed_optimizer
-                    else (1, 1)
-                )
-                grad_copy = 4 * dense // dp + 4 * expert // edp
             moments.append(
                 Moment(
                     iteration,
                     "optimizer step",
                     "optimizer",
-                    {**after_step, "workspace": CUBLAS_WORKSPACE_BYTES, "temporaries": grad_copy},
+                    {
+                        **fixed,
+                        "gradients": all_gradients,
+                        "optimizer_state": optimizer_bytes(workload, dense, expert, moments=True),
+                        "temporaries": _step_temporaries(workload, dense, expert),
+                    },
                 )
             )
         peak = max(moments, key=lambda m: m.total)

@@ -24,7 +24,8 @@ def plan_table(plan: dict[str, Any]) -> str:
     )
     header = (
         "| row | status | peak (GB) | cost (% step FLOPs) | peak at (rank, iteration, phase, module) "
-        "| params / grads / optimizer / activations / temporaries (GB) | source |"
+        "| params / grads / optimizer / activations / temporaries + workspace + buffers (GB) "
+        "| source |"
     )
     lines = [title, "", header, "|---|---|---:|---:|---|---|---|"]
     for row in plan["rows"]:
@@ -39,7 +40,7 @@ def plan_table(plan: dict[str, Any]) -> str:
                     _gb(p.get(k, 0))
                     for k in ("parameters", "gradients", "optimizer_state", "activations")
                 )
-                + f" / {_gb(p.get('temporaries', 0) + p.get('workspace', 0))}"
+                + f" / {_gb(sum(p.get(k, 0) for k in ('temporaries', 'workspace', 'buffers')))}"
             )
         status = row["status"]
         if row.get("oom"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.golden.estimate import EstimateMismatch
+from harness.golden.figures import FigureMismatch
 from harness.report.summary import Summary, revision_subject
 
 if (
@@ -70,7 +70,7 @@ def diff_summary(found: TreeDiff, *, wall_s: float) -> Summary:
 def estimate_summary(
     recipe: str,
     golden_file: Path,
-    mismatches: list[EstimateMismatch],
+    mismatches: list[FigureMismatch],
     *,
     rows: int,
     wall_s: float,
@@ -94,7 +94,12 @@ def estimate_summary(
 
 
 def plan_summary(
-    recipe: str, result: dict[str, Any], *, wall_s: float, golden_line: str | None = None
+    workload: str,
+    result: dict[str, Any],
+    *,
+    command: str,
+    wall_s: float,
+    golden_line: str | None = None,
 ) -> Summary:
     """``plan``'s block: the rows judged by status, the chosen row (or that none fits), and the
     capacity golden's verdict when it was judged."""
@@ -105,7 +110,7 @@ def plan_summary(
         statuses[kind] = statuses.get(kind, 0) + 1
     chosen = result.get("chosen")
     summary = Summary(
-        command=f"plan --recipe {recipe}",
+        command=command,
         subject=revision_subject(),
         passed=chosen is not None and (golden_line is None or golden_line.startswith("matches")),
         verdict="",
@@ -121,7 +126,7 @@ def plan_summary(
     if golden_line is not None:
         summary.add("golden", golden_line)
     if chosen is None:
-        summary.verdict = f"no row of {recipe} fits {budget:.2f} GB"
+        summary.verdict = f"no row of {workload} fits {budget:.2f} GB"
     elif golden_line is not None and not golden_line.startswith("matches"):
         summary.verdict = f"the plan differs from its capacity golden: {golden_line}"
     else:

@@ -8,6 +8,9 @@ release branch):
 
 - ``nemotron_3_nano``: ``megatron.bridge.recipes.nemotronh.nemotron_3_nano.nemotron_3_nano_pretrain_config``
   with its HuggingFace tokenizer replaced by ``NullTokenizer`` + the explicit vocabulary size (no hub).
+- ``llama3_70b_sft_fp8cs``: ``megatron.bridge.perf_recipes.llama.h100.llama3.llama3_70b_sft_32gpu_h100_fp8cs_config``
+  (the card's Llama3 70B SFT study) built offline the same way: the gated hub config its SFT recipe
+  reads is answered by ``AutoBridge.from_hf_config`` on ``harness/data/bridge/llama3-70b.json``.
 - ``moonlight_16b``: ``moonlight_16b_pretrain_8gpu_h100_bf16_config`` built offline: the recipe's model
   provider function (``AutoBridge.from_hf_pretrained`` on the hub) is swapped, for the duration of
   the call only, for ``AutoBridge.from_hf_config`` on a DeepSeek-V3 config carrying Moonlight's
@@ -268,7 +271,7 @@ class MarkedForwardStep:
 def _swapped(module: Any, name: str, replacement: Any) -> Iterator[None]:
     if not hasattr(module, name):
         raise RuntimeError(
-            f"{module.__name__}.{name} not found: the installed Bridge changed its Moonlight recipe"
+            f"{module.__name__}.{name} not found: the installed Bridge changed the recipe it builds"
         )
     original = getattr(module, name)
     setattr(module, name, replacement)
@@ -309,9 +312,38 @@ def nemotron_3_nano_config(options: dict[str, Any]) -> Any:
     return cfg
 
 
+def llama3_70b_sft_fp8cs_config(options: dict[str, Any]) -> Any:
+    """Bridge's ``llama3_70b_sft_32gpu_h100_fp8cs_config`` built offline: the SFT recipe it starts
+    from reads the gated hub config (``AutoBridge.from_hf_pretrained``); for the duration of the call
+    that module's ``AutoBridge`` answers it with ``from_hf_config`` on the same values
+    (``harness/data/bridge/llama3-70b.json``)."""
+    from megatron.bridge import AutoBridge
+    from megatron.bridge.perf_recipes.llama.h100.llama3 import (
+        llama3_70b_sft_32gpu_h100_fp8cs_config,
+    )
+    from megatron.bridge.recipes.llama.h100 import llama3 as sft_module
+    from transformers import LlamaConfig
+
+    text = (
+        resources.files("harness")
+        .joinpath("data", "bridge", "llama3-70b.json")
+        .read_text(encoding="utf-8")
+    )
+    values = {key: value for key, value in json.loads(text).items() if not key.startswith("_")}
+
+    class OfflineAutoBridge(AutoBridge):
+        @classmethod
+        def from_hf_pretrained(cls, path: Any, **kwargs: Any) -> Any:
+            return AutoBridge.from_hf_config(LlamaConfig(**values))
+
+    with _swapped(sft_module, "AutoBridge", OfflineAutoBridge):
+        return llama3_70b_sft_32gpu_h100_fp8cs_config()
+
+
 RECIPES = {
     "moonlight_16b": moonlight_16b_config,
     "nemotron_3_nano": nemotron_3_nano_config,
+    "llama3_70b_sft_fp8cs": llama3_70b_sft_fp8cs_config,
 }  # = recipes.BRIDGE_RECIPES
 
 

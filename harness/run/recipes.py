@@ -35,6 +35,7 @@ PARALLEL_KEYS = ("tp", "pp", "cp", "ep", "etp", "vpp")
 BRIDGE_RECIPES = (
     "moonlight_16b",
     "nemotron_3_nano",
+    "llama3_70b_sft_fp8cs",
 )  # builders in harness.run.backend_bridge.RECIPES
 ENTRY_POINT_GROUP = (
     "recompute_harness.recipes"  # more Bridge builders, from other installed packages

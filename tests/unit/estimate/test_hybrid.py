@@ -15,7 +15,7 @@ import pytest
 
 from harness.cli import main
 from harness.cpu.adapter import init_cpu_parallel_state
-from harness.estimate.estimate import UNMEASURED, assemble
+from harness.estimate.estimate import UNMEASURED, EstimateTarget, assemble
 from harness.estimate.model import ATTENTION, MAMBA, MLP, MOE, architecture, hybrid_layer_kinds
 from harness.estimate.worker import measure_kinds
 from harness.golden.store import estimate_dir, golden_root
@@ -83,7 +83,7 @@ def estimate():
         "model": arch.style.name,
         "source": arch.source,
     }
-    out = assemble(recipe, ROWS_FULL, "fused", [result], SEQS)
+    out = assemble(EstimateTarget.of_recipe(recipe), ROWS_FULL, "fused", [result], SEQS)
     return out, {row.label: row for row in out.rows}
 
 

@@ -15,8 +15,12 @@ from harness.golden.store import estimate_dir, golden_root
 # CPU adapter part 11): ~3 min of CPU time on the 2-core CI machine, so the estimates step, not the tier.
 pytestmark = [pytest.mark.slow, pytest.mark.estimates]
 
-# Written by: ./venv-run recompute-harness estimate --recipe mcore-moonlight-1gpu \
-#   --rows '[]' mlp moe_act gdn_norm_out full-uniform-1 mla_up_proj core_attn moe --write-golden
+# Written by: ./venv-run recompute-harness estimate --recipe mcore-moonlight-1gpu --rows '[]' mlp \
+#   moe_act gdn_norm_out full-uniform-1 mla_up_proj core_attn moe layernorm shared_experts \
+#   mla_up_proj+core_attn mla_up_proj+mlp layernorm+moe_act moe+layernorm mlp+core_attn \
+#   core_attn+layernorm --write-golden   (every row plan needs for the recipe)
+# The test measures six of them, one of each status (a full-width row costs ~12 s of CPU).
+ROWS = ["[]", "mlp", "moe_act", "gdn_norm_out", "full-uniform-1", "mla_up_proj"]
 COMMITTED = sorted(estimate_dir(golden_root()).glob("mcore-moonlight-1gpu__unfused__*.json"))
 
 
@@ -37,6 +41,8 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
         "--recipe",
         "mcore-moonlight-1gpu",
         "--check-golden",
+        "--rows",
+        *ROWS,
         "--golden-dir",
         str(tmp_path / "golden"),
         "--json",
@@ -54,7 +60,7 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
     assert verdict[-1].startswith(
         f"FAIL: 1 figure(s) differ; first: row 'mla_up_proj': saving_bytes {changed}; "
     )
-    assert judge_estimate(committed, printed) == []  # the committed golden, judged
+    assert judge_estimate(committed, printed) == []  # the committed golden's rows, judged
     assert json.loads(out.read_text()) == printed
     assert printed["layers"] == {"dense": 1, "moe": 7} and printed["hot_rank"] == 0
     assert (
@@ -62,7 +68,7 @@ def test_estimate_reports_every_status_and_check_golden_names_the_changed_row(ca
         and printed["provenance"]["command"]
         == (
             "recompute-harness estimate --recipe mcore-moonlight-1gpu --rows '[]' mlp moe_act gdn_norm_out "
-            "full-uniform-1 mla_up_proj core_attn moe"
+            "full-uniform-1 mla_up_proj"
         )
         and printed["provenance"]["date"]
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.compare.tree_diff import TreeDiff
-from harness.golden.estimate import EstimateMismatch
+from harness.golden.figures import FigureMismatch
 from harness.report.verdicts import diff_summary, estimate_summary
 
 
@@ -43,7 +43,7 @@ def test_a_changed_tree_names_the_first_change_labels_before_values():
 
 
 def test_an_estimate_golden_mismatch_is_named():
-    mismatch = EstimateMismatch("row 'moe'", "saving_bytes", 100, 90)
+    mismatch = FigureMismatch("row 'moe'", "saving_bytes", 100, 90)
     summary = estimate_summary("moonlight-full-8gpu", Path("g.json"), [mismatch], rows=3, wall_s=2)
     assert not summary.passed
     assert summary.lines()[-1].startswith(
