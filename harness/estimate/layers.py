@@ -1,7 +1,9 @@
 """One real Megatron Core layer of each kind, at the recipe's per-rank widths, measured.
 
-MoE layers with ``moe_grouped_gemm`` (both recipes) build their experts as MCore's TE spec does,
-``TEGroupedMLP`` (on the CPU adapter's grouped-linear stand-ins), so ``moe_act`` is measured.
+MoE layers with ``moe_grouped_gemm`` build their experts as the GPU run does
+(``Architecture.te_grouped_experts``): for Bridge's recipes and Megatron-LM's TE implementation as
+MCore's TE spec does, ``TEGroupedMLP`` (on the CPU adapter's grouped-linear stand-ins), so
+``moe_act`` is measured; for the mcore back end ``SequentialMLP``, where it is requires-TE.
 
 The layer is MCore's own (``build_module`` of a layer spec: ``get_gpt_decoder_block_spec`` on the
 local spec for a GPT model; for a hybrid model the kind's layer of ``harness.models.hybrid_stack_spec``,
@@ -162,13 +164,13 @@ def _layer_spec(arch: Architecture, config: Any, kind: str, attention_backend: s
         )
         _te_hybrid_norms(spec, kind)
         _gpu_norms([spec], config.normalization, config.sequence_parallel)
-        if kind == MOE:
+        if kind == MOE and arch.te_grouped_experts:
             spec.submodules.mlp = grouped_gemm_experts(spec.submodules.mlp, config)
         return spec
     block_spec = get_gpt_decoder_block_spec(
         config, use_transformer_engine=False, normalization=config.normalization
     )
-    for layer_spec in block_spec.layer_specs:
+    for layer_spec in block_spec.layer_specs if arch.te_grouped_experts else ():
         layer_spec.submodules.mlp = grouped_gemm_experts(layer_spec.submodules.mlp, config)
     set_core_attention(block_spec, attention_backend, arch.style.mla)
     _gpu_norms(block_spec.layer_specs, config.normalization, config.sequence_parallel)

@@ -518,6 +518,8 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         style,
         f"Megatron-LM {MEGATRON_LM_COMMIT} flags",
         _layer_kinds(config, args.hybrid_layer_pattern),
+        te_grouped_experts=given.get("transformer_impl", "transformer_engine")
+        == "transformer_engine",
     )
     # Gradients: bf16 accumulates and all-reduces in fp32 unless told otherwise (validate_args).
     fp32_grads = args.accumulate_allreduce_grads_in_fp32 or (

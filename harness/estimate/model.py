@@ -59,6 +59,11 @@ class Architecture:
     style: StyleModel
     source: str
     layer_kinds: tuple[str, ...]
+    # Grouped-GEMM experts as the GPU run builds them: TEGroupedMLP from Megatron Core's TE spec
+    # (Bridge; Megatron-LM's transformer_engine implementation), the adapter's grouped-linear
+    # stand-ins on CPU; False for the mcore back end, whose one measured GPU image has no TE and
+    # builds SequentialMLP (docs/measured-gpu.md), as plan models that back end.
+    te_grouped_experts: bool = True
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -239,7 +244,10 @@ def _style(recipe: Recipe) -> Architecture:
     else:
         kinds = tuple(MOE if i % int(freq or 1) == 0 else DENSE for i in range(layers))
     return Architecture(
-        style, f"style model {style.name} + recipe {recipe.name} [mcore.config]", kinds
+        style,
+        f"style model {style.name} + recipe {recipe.name} [mcore.config]",
+        kinds,
+        te_grouped_experts=False,
     )
 
 

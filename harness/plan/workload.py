@@ -20,8 +20,8 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 # (src/megatron/bridge/recipes/{moonlight,nemotronh}/...: `cfg.ddp`, `cfg.optimizer`,
 # `cfg.mixed_precision`, `cross_entropy_fusion_impl`). Moonlight: distributed optimizer,
 # precision-aware (fp32 main parameters, bf16 gradients and Adam moments), TE cross entropy (in place
-# on the bf16 logits). Nemotron 3 Nano: distributed optimizer, fp32 main gradients and moments,
-# MCore's native fused cross entropy (an fp32 copy of the logits). Both output layers are untied.
+# on the bf16 logits). Nemotron 3 Nano: distributed optimizer, bf16 gradients, fp32 main parameters
+# and moments, MCore's native fused cross entropy (an fp32 copy of the logits). Both output layers are untied.
 BRIDGE_TRAINING: dict[str, dict[str, object]] = {
     "moonlight_16b": {
         "distributed_optimizer": True,
@@ -40,9 +40,14 @@ BRIDGE_TRAINING: dict[str, dict[str, object]] = {
         "optimizer_state_bytes": 8,
         "cross_entropy_fp32_copy": False,
     },
+    # Nemotron 3 Nano (nemotron_3_nano_pretrain_config = nemotron_3_nano_pretrain_8gpu_h100_bf16_config,
+    # recipes/nemotronh/h100/nemotron_3_nano.py at 600d069b): `cfg.ddp.grad_reduce_in_fp32 = False`
+    # and `cfg.mixed_precision.grad_reduce_in_fp32 = False`, so the DDP buffer holds bf16 gradients;
+    # its `optimizer.main_grads_dtype = float32` is read only by the precision-aware optimizer, which
+    # it turns off (fp32 main parameters and moments, the step's fp32 copy of the gradient shard).
     "nemotron_3_nano": {
         "distributed_optimizer": True,
-        "grad_reduce_in_fp32": True,
+        "grad_reduce_in_fp32": False,
         "precision_aware_optimizer": False,
         "optimizer_state_bytes": 8,
         "cross_entropy_fp32_copy": True,
