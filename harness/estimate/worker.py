@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness.cpu.bf16_gemm import bf16_gemms_on_fp32_kernels
 from harness.cpu.deferred_compile import (
     defer_compile_before_megatron_core,
     run_compiled_helpers_eagerly,
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # imports Megatron Core, which must come after the deferral i
     from harness.estimate.model import Architecture
 
 
+@bf16_gemms_on_fp32_kernels()  # CPU adapter part 11, entered before MemTracker (its module doc)
 def measure_kinds(
     arch: Architecture,
     rows: list[str],
@@ -52,30 +54,6 @@ def measure_kinds(
     Nano's mixer), not the Triton kernels' that run on a GPU (the stand-ins match those in what they
     save for backward only), and without them no moment of the stage can be placed; the other
     kinds' transients would cost ~40 s per length under MemTracker (128 experts) for nothing."""
-    from harness.cpu.bf16_gemm import bf16_gemms_on_fp32_kernels
-
-    with bf16_gemms_on_fp32_kernels():  # CPU adapter part 11: before MemTracker (its module doc)
-        return _measure_kinds(
-            arch,
-            rows,
-            precision=precision,
-            attention_backend=attention_backend,
-            micro_batch_size=micro_batch_size,
-            seq_lengths=seq_lengths,
-            etp=etp,
-        )
-
-
-def _measure_kinds(
-    arch: Architecture,
-    rows: list[str],
-    *,
-    precision: str,
-    attention_backend: str,
-    micro_batch_size: int,
-    seq_lengths: list[int],
-    etp: int | None,
-) -> dict[str, Any]:
     import warnings
 
     from harness.config.fields import RecomputeFields

@@ -15,14 +15,14 @@ def _step() -> tuple[list[tuple[tuple[int, ...], torch.dtype]], int, torch.Tenso
     linear = torch.nn.Linear(64, 48, dtype=torch.bfloat16)
     x = torch.randn(3, 16, 64, dtype=torch.bfloat16, requires_grad=True)
     saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
     tracker = MemTracker()
     tracker.track_external(linear)
-    with (
-        tracker,
-        torch.autograd.graph.saved_tensors_hooks(
-            lambda t: saved.append((tuple(t.shape), t.dtype)) or t, lambda t: t
-        ),
-    ):
+    with tracker, torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y = linear(x)
         scores = torch.baddbmm(
             torch.empty(3, 16, 16, dtype=torch.bfloat16), y, y.transpose(1, 2), beta=0.0, alpha=0.5
