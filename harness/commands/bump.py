@@ -21,6 +21,7 @@ from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.files import require_writable_dir
 from harness.golden.store import golden_root, labels_dir
 from harness.matrix.drift import DEFAULT_CHECK_COUNT
+from harness.report.changes import CHANGED_LABEL_LINES, first_change, label_lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,5 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
     summary = bump(args.count, probe=not args.no_probe, golden_dir=args.golden_dir, jobs=args.jobs)
     print("\n== summary (CPU)")
+    first = first_change(summary.changes)
+    if first is not None:  # what the new revision changed, before what was refreshed
+        print(f"first change: {first.line()}")
+        print("\n".join(f"  {line}" for line in label_lines(summary.changes, CHANGED_LABEL_LINES)))
     print("\n".join(summary.lines()))
     return EXIT_FAILED if summary.next_steps else EXIT_OK

@@ -24,7 +24,7 @@ from harness.report.summary import (
 )
 
 if TYPE_CHECKING:  # the runner imports torch and Megatron Core, which run() defers
-    from harness.golden.probe import GoldenStep
+    from harness.golden.probe import GoldenLayouts, GoldenStep, LayoutRun
     from harness.probe.runner import ModelProbe
 
 
@@ -115,6 +115,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds an isolated probe may measure before it is killed and reported as a hang "
         f"(default {DEFAULT_HANG_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--every-layout",
+        action="store_true",
+        help="with --all: also probe every attention back end and multi-rank layout (PP, TP + SP) "
+        "this revision has CPU goldens for; the default with --check-golden on a tree that has no "
+        "goldens of its own (an edited tree, a pull request, a patched build), which is judged on "
+        "every golden of its version",
+    )
     golden = parser.add_mutually_exclusive_group()
     golden.add_argument(
         "--check-golden",
@@ -142,6 +150,14 @@ def _sizes(args: argparse.Namespace) -> dict[str, Any]:
         )
     if args.modules and (args.check_golden or args.write_golden):
         raise UsageError("goldens cover the full probe matrix: drop --modules")
+    if args.every_layout and not args.all:
+        raise UsageError(
+            "--every-layout goes with --all (a layout of one model: --pipeline-parallel N)"
+        )
+    if args.every_layout and (sizes or args.modules):
+        raise UsageError(
+            "--every-layout probes the goldens' own rows and sizes: drop --modules/--seq-length/--micro-batch-size"
+        )
     layout = _layout_option(args)
     if layout is not None:
         refused = [
@@ -244,22 +260,32 @@ def run(args: argparse.Namespace) -> int:
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
     else:
+        layouts = _every_layout(args)
+        backends = [args.attention_backend]
+        if layouts is not None:
+            backends = list(dict.fromkeys([*backends, *layouts.backends]))
+        runs = [] if layouts is None else [run for run in layouts.runs if run.model in names]
         try:
-            passes = len(names) * len(set(args.precision))
+            passes = len(names) * len(set(args.precision)) * len(backends) + len(runs)
             with PassProgress("probe passes", passes) as progress:
                 probes = probe_passes(
                     names,
                     list(dict.fromkeys(args.precision)),
                     jobs=args.jobs,
+                    backends=backends,
                     on_done=lambda probe, done, total: progress.advance(
-                        probe.pass_name, done, total
+                        probe.pass_name, done, passes
                     ),
                     label_sets=label_sets,
                     hang_timeout_s=args.hang_timeout,
-                    attention_backend=args.attention_backend,
                     **sizes,
                 )
-        except RuntimeError as exc:  # a pass worker died or hung (and was killed): nothing written
+                for run in runs:
+                    probes += _layout_run(run)
+                    progress.advance(f"{run.model} {run.layout}", len(probes), passes)
+        except (
+            RuntimeError
+        ) as exc:  # a worker or rank died or hung (and was killed): nothing written
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
     errors = probe_errors(probes)
@@ -295,6 +321,32 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
+def _layout_run(run: LayoutRun) -> list[ModelProbe]:
+    """One multi-rank probe a revision has goldens for (its stages, or the TP ranks' agreed probe)."""
+    from harness.probe.layouts.pipeline import probe_pipeline
+    from harness.probe.layouts.tensor_parallel import probe_tensor_parallel
+
+    if run.layout == "pipeline":
+        return probe_pipeline(
+            run.model, run.ranks, precision=run.precision, attention_backend=run.attention_backend
+        )
+    return [
+        probe_tensor_parallel(
+            run.model, run.ranks, precision=run.precision, attention_backend=run.attention_backend
+        )
+    ]
+
+
+def _every_layout(args: argparse.Namespace) -> GoldenLayouts | None:
+    """The back ends and multi-rank layouts to probe beside the default passes: with --every-layout,
+    or judging every model's goldens on a tree that has none of its own (``layouts_to_judge``)."""
+    from harness.golden.probe import layouts_to_judge
+
+    if not args.all or not (args.check_golden or args.every_layout):
+        return None
+    return layouts_to_judge(args.golden_dir, every=args.every_layout)
+
+
 def _command_line(args: argparse.Namespace) -> str:
     """The probe's defining options, for the block's first line."""
     words = ["probe", "--all"] if args.all else ["probe", "--model", args.model]
@@ -304,6 +356,7 @@ def _command_line(args: argparse.Namespace) -> str:
     ):
         words += [option, str(value)] if value is not None else []
     words += ["--attention-backend", "fused"] if args.attention_backend == "fused" else []
+    words += ["--every-layout"] if args.every_layout else []
     words += ["--check-golden"] if args.check_golden else []
     words += ["--write-golden"] if args.write_golden else []
     return shlex.join(words)

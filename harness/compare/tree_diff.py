@@ -29,6 +29,7 @@ from harness.config.rules import RULES
 from harness.errors import UsageError
 from harness.matrix.drift import dead_rules
 from harness.processes import die_with_parent, exit_if_stopped, kill_group, libc_prctl
+from harness.record.changes import ValueChange
 from harness.record.metrics import MetricName
 
 SIDE_TIMEOUT_S = 600.0
@@ -233,24 +234,29 @@ def _rows(probe: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-def value_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
-    """``model / label: value a -> b`` for every probe value that differs (rows and models too)."""
+def value_changes(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[ValueChange]:
+    """Every probe value that differs between the sides (a whole row or model present on one side
+    only is a ``row`` change of label ``*`` or of the row's label)."""
     old = {probe["model"]: _rows(probe) for probe in before}
     new = {probe["model"]: _rows(probe) for probe in after}
-    lines = []
+    changes = []
     for model in sorted(set(old) | set(new)):
         if model not in new or model not in old:
-            lines.append(f"{model}: model {'absent' if model not in new else 'new'} on B")
+            sides = ("present", "absent") if model not in new else ("absent", "present")
+            changes.append(ValueChange(model, model, "*", "model", *sides))
             continue
         for label in [*old[model], *(label for label in new[model] if label not in old[model])]:
             a, b = old[model].get(label), new[model].get(label)
             if a is None or b is None:
-                lines.append(f"{model} / {label}: row {'absent' if b is None else 'new'} on B")
+                sides = ("present", "missing") if b is None else ("absent", "present")
+                changes.append(ValueChange(model, model, label, "row", *sides))
                 continue
-            lines += [
-                f"{model} / {label}: {key} {a[key]} -> {b[key]}" for key in a if a[key] != b[key]
+            changes += [
+                ValueChange(model, model, label, key, a[key], b[key])
+                for key in a
+                if a[key] != b[key]
             ]
-    return lines
+    return changes
 
 
 @dataclass
@@ -260,7 +266,7 @@ class TreeDiff:
     labels_removed: list[str] = field(default_factory=list)
     rules_appeared: list[str] = field(default_factory=list)
     rules_vanished: list[str] = field(default_factory=list)
-    changes: list[str] = field(default_factory=list)
+    changes: list[ValueChange] = field(default_factory=list)
     fields_added: list[str] = field(default_factory=list)
     fields_removed: list[str] = field(default_factory=list)
 
@@ -309,7 +315,7 @@ class TreeDiff:
         ):
             out.append(f"{what}: {', '.join(items) if items else 'none'}")
         out.append(f"probe values changed: {len(self.changes)}")
-        out += [f"  {line}" for line in self.changes]
+        out += [f"  {change.line()}" for change in self.changes]
         same = self.sides[0]["identity"]["fingerprint"] == self.sides[1]["identity"]["fingerprint"]
         if self.changed:
             out.append("verdict: behaviour changed")
@@ -333,7 +339,7 @@ class TreeDiff:
             "labels_removed": self.labels_removed,
             "rules_appeared": self.rules_appeared,
             "rules_vanished": self.rules_vanished,
-            "changes": self.changes,
+            "changes": [change.line() for change in self.changes],
             "recompute_config_fields_added": self.fields_added,
             "recompute_config_fields_removed": self.fields_removed,
             "same_behaviour": not self.changed,

@@ -25,6 +25,7 @@ from harness.models import buildable_models, not_probed_lines
 from harness.probe.plan import PRECISIONS
 from harness.probe.present.table import probe_table, unmeasured_table
 from harness.probe.workers.passes import probe_passes
+from harness.record.changes import ValueChange
 
 
 @dataclass
@@ -35,6 +36,8 @@ class BumpSummary:
     left: list[str] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
     timings: list[tuple[str, float]] = field(default_factory=list)
+    # What the probe found changed against the goldens it replaces (the previous revision's).
+    changes: list[ValueChange] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         out = [
@@ -120,6 +123,7 @@ def bump(
         step = golden_step(probes, write=True, golden_dir=golden_dir, adapter_drift=drift)
         print("\n".join(adapter_drift_lines(drift) + step.lines()))
         summary.refreshed += step.written
+        summary.changes += [change for verdict in step.verdicts for change in verdict.changes]
 
     _step(summary, "identity", identity)
     _step(summary, "labels", labels)

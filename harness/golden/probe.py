@@ -16,11 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harness.config.revisions import collect_revisions
 from harness.cpu.attention import RECORD_NAMES
 from harness.cpu.self_check import checkpoint_findings, require_working_adapter
 from harness.errors import UsageError
 from harness.files import require_writable_dir
-from harness.golden.format import Golden, golden_from_records
+from harness.golden.format import Golden, describe_pins, golden_from_records
 from harness.golden.judge import Comparison, compare_records
 from harness.golden.store import (
     directory_for,
@@ -29,6 +30,7 @@ from harness.golden.store import (
     golden_root,
     load_golden,
     newest_like,
+    pin_slug,
     writable,
     write_golden,
 )
@@ -45,8 +47,9 @@ from harness.record.build import (
     parallelism,
     workload,
 )
+from harness.record.changes import MEASURED, STATUS, UNMEASURED, ValueChange, activity
 from harness.record.metrics import MetricName
-from harness.record.model import ProbeMetrics, Record
+from harness.record.model import ProbeMetrics, Record, Revisions
 
 REFRESH_COMMAND = "./venv-run recompute-harness probe --all --write-golden"
 
@@ -219,69 +222,133 @@ def write_probe_golden(
 
 
 def check_probe_golden(probe: ModelProbe, root: Path | None = None) -> tuple[Path, list[str]]:
-    """(golden path, problems): ``judge_probe_golden`` without the earlier golden it matched."""
-    path, problems, _ = judge_probe_golden(probe, root)
-    return path, problems
+    """(golden path, problems): ``judge_probe_golden``'s report lines alone."""
+    judged = judge_probe_golden(probe, root)
+    return judged.path, list(judged.problems)
 
 
-def judge_probe_golden(
-    probe: ModelProbe, root: Path | None = None
-) -> tuple[Path, list[str], Path | None]:
-    """(golden path, problems, same as): one readable line per changed value or unmeasured status;
-    no problems when everything matches. For new pins (no golden for these revisions): the diff
-    against the newest golden of the same model (the Megatron Core bump's per-label diff); when no
-    value changed there, no problems and ``same as`` names that golden: a new revision, same behaviour."""
+@dataclass(frozen=True)
+class Judgement:
+    """One probe pass against its CPU golden. ``path`` is the golden of these revisions (it may not
+    exist); ``against`` another revision's golden judged instead (an edited tree, a pull request, a
+    bump: the nearest golden of the same model, ``harness.golden.store.newest_like``); ``problems``
+    the report's lines, ``changes`` the same findings as values."""
+
+    path: Path
+    problems: tuple[str, ...] = ()
+    changes: tuple[ValueChange, ...] = ()
+    against: Path | None = None
+    # Whose golden ``against`` is, in words: "another fingerprint of 0.19.2 (a07a0245…)".
+    against_words: str = ""
+
+    @property
+    def same_as(self) -> Path | None:
+        """The other revision's golden this pass matched in every value (a new revision, same
+        behaviour), if it was judged against one."""
+        return self.against if self.against is not None and not self.problems else None
+
+
+def judge_probe_golden(probe: ModelProbe, root: Path | None = None) -> Judgement:
+    """The pass against the golden of these revisions: one readable line per changed value or
+    unmeasured status, and the same as ``ValueChange``s; nothing when everything matches. For pins
+    without a golden of their own: against the newest golden of the same model (the nearest
+    revision first), whose pins are named once by ``against``; a pass with no such golden has the one
+    problem that none exists."""
     records = probe_records(probe)
     path = golden_path_for(records, existing(golden_root(root)))
     unmeasured = unmeasured_entries(probe)
+    against: Path | None = None
+    against_words = ""
     if path.is_file():
         golden = load_golden(path)
-        problems = _changed_values(compare_records(golden, records, str(path)))
-        return path, problems + _unmeasured_changes(golden, unmeasured), None
-    missing = f"no CPU golden {path.name} for these revisions"
-    found = newest_like(
-        path, (records[0].pins()["megatron_core"] or {}).get("version") if records else None
-    )
-    if found is None:
-        return path, [missing], None
-    # After a Megatron Core bump: show per label what changed against the last pinned golden.
-    previous, golden = found
-    changed = _changed_values(compare_records(golden, records, str(previous), across_pins=True))
-    changed += _unmeasured_changes(golden, unmeasured)
-    if not changed:
-        return path, [], previous
-    return (
-        path,
-        [missing, f"against {previous.name} (other revisions): {len(changed)} change(s)", *changed],
-        None,
-    )
+        comparison = compare_records(golden, records, str(path))
+    else:
+        version = (records[0].pins()["megatron_core"] or {}).get("version") if records else None
+        found = newest_like(path, version)
+        if found is None:
+            return Judgement(path, (f"no CPU golden {path.name} for these revisions",))
+        against, golden = found
+        comparison = compare_records(golden, records, str(against), across_pins=True)
+        against_words = other_revision(golden.pins, records[0].pins())
+    changes = _value_changes(probe, golden, comparison)
+    status_changes = _unmeasured_changes(probe, golden, unmeasured)
+    lines = [
+        f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
+        for check in comparison.failures
+    ]
+    lines += [
+        f"{change.label}: unmeasured: {change.after}"
+        if change.after != MEASURED
+        else f"{change.label}: now measured (was unmeasured: {change.before})"
+        for change in status_changes
+    ]
+    return Judgement(path, tuple(lines), tuple(changes + status_changes), against, against_words)
+
+
+def other_revision(golden_pins: dict[str, Any], pins: dict[str, Any]) -> str:
+    """Whose a golden of other pins than ``pins`` is, in words: another fingerprint (or commit) of the
+    same Megatron Core version, another version, or the same Megatron Core on another stack."""
+    theirs, mine = golden_pins.get("megatron_core") or {}, pins.get("megatron_core") or {}
+    identity = str(theirs.get("commit") or theirs.get("fingerprint") or "?")[:8]
+    version = theirs.get("version") or "?"
+    if all(theirs.get(key) == mine.get(key) for key in ("version", "commit", "fingerprint")):
+        return f"another stack ({describe_pins(golden_pins)})"
+    if version == mine.get("version"):
+        kind = "commit" if theirs.get("commit") else "fingerprint"
+        return f"another {kind} of {version} ({identity}…)"
+    return f"megatron-core {version} ({identity}…)"
+
+
+def _value_changes(probe: ModelProbe, golden: Golden, comparison: Comparison) -> list[ValueChange]:
+    """Every failing check as a value, and, for each row whose values changed, its status when that
+    changed too (before: read from the golden's values against its [] control; after: the probe's)."""
+    where = probe.pass_name
+    changes = [
+        ValueChange(probe.model, where, check.label, check.metric, check.golden, check.actual)
+        for check in comparison.failures
+    ]
+    golden_rows = {row.label: row for row in golden.rows}
+    control = next((row for row in golden.rows if row.recompute.is_control), None)
+    statuses = {row.label: row.status for row in probe.rows if not row.add_bias_linear}
+    for label in dict.fromkeys(change.label for change in changes):
+        before_row, after = golden_rows.get(label), statuses.get(label)
+        if before_row is None or control is None or after is None or before_row is control:
+            continue
+        before = activity(before_row.values, control.values)
+        if before != after:
+            changes.append(ValueChange(probe.model, where, label, STATUS, before, after))
+    return changes
 
 
 def _unmeasured_key(entry: dict[str, Any]) -> tuple[str, str | None]:
     return entry["status"], entry.get("rule")
 
 
-def _unmeasured_changes(golden: Golden, unmeasured: list[dict[str, Any]]) -> list[str]:
-    """One line per label whose unmeasured status changed (goldens from before the list: every entry)."""
+def _unmeasured_changes(
+    probe: ModelProbe,
+    golden: Golden,
+    unmeasured: list[dict[str, Any]],
+) -> list[ValueChange]:
+    """One change per label whose unmeasured status changed (goldens from before the list: every
+    entry), ``before`` / ``after`` the entry as the report describes it, or ``MEASURED``."""
     before = {entry["label"]: entry for entry in golden.unmeasured or []}
     now = {entry["label"]: entry for entry in unmeasured}
-    lines = []
+    changes = []
     for label in sorted(set(before) | set(now)):
         old, new = before.get(label), now.get(label)
         if old is not None and new is not None and _unmeasured_key(old) == _unmeasured_key(new):
             continue
-        if new is not None:
-            lines.append(f"{label}: unmeasured: {describe_unmeasured(new)}")
-        elif old is not None:
-            lines.append(f"{label}: now measured (was unmeasured: {describe_unmeasured(old)})")
-    return lines
-
-
-def _changed_values(comparison: Comparison) -> list[str]:
-    return [
-        f"{check.label}: {check.metric} {check.golden} -> {check.actual} ({check.verdict})"
-        for check in comparison.failures
-    ]
+        changes.append(
+            ValueChange(
+                probe.model,
+                probe.pass_name,
+                label,
+                UNMEASURED,
+                MEASURED if old is None else describe_unmeasured(old),
+                MEASURED if new is None else describe_unmeasured(new),
+            )
+        )
+    return changes
 
 
 def refuse_unpinnable(*, write: bool, golden_dir: Path | None = None) -> list[str]:
@@ -307,11 +374,15 @@ class PassVerdict:
 
     probe: ModelProbe
     golden: Path
-    # matches / differs / same-behaviour (a new revision, no value changed against ``same_as``) /
+    # matches / differs / same-behaviour (a new revision, no value changed against ``against``) /
     # wrote / unchanged (a write that found the golden equal) / not-written (rows raised)
     outcome: str
     problems: tuple[str, ...] = ()
-    same_as: Path | None = None
+    # The findings as values (``Judgement.changes``) and the other revision's golden they were judged
+    # against, where these revisions have none of their own.
+    changes: tuple[ValueChange, ...] = ()
+    against: Path | None = None
+    against_words: str = ""
 
     def lines(self) -> list[str]:
         """The step's report of this pass: a headline, then one indented line per problem."""
@@ -322,10 +393,15 @@ class PassVerdict:
         if self.outcome in ("wrote", "unchanged"):
             head = f"{model}: {self.outcome} {self.golden}"
         elif self.outcome == "same-behaviour":
-            assert self.same_as is not None
+            assert self.against is not None
             head = (
                 f"{model}: same behaviour: no golden {self.golden.name} for this new revision, "
-                f"and no value changed against {self.same_as.name}"
+                f"and no value changed against {self.against.name}"
+            )
+        elif self.against is not None:
+            head = (
+                f"{model}: DIFFERS from {self.against.name} ({self.against_words}: these "
+                f"revisions have no golden of their own, {self.golden.name})"
             )
         else:
             head = f"{model}: {'matches' if self.outcome == 'matches' else 'DIFFERS from'} "
@@ -378,7 +454,8 @@ def golden_step(
     """
     verdicts = []
     for probe in probes:
-        path, problems, same_as = judge_probe_golden(probe, golden_dir)
+        judged = judge_probe_golden(probe, golden_dir)
+        path, problems = judged.path, judged.problems
         raised = [row.label for row in probe.rows if row.status == ERROR]
         if write and raised:
             verdicts.append(
@@ -387,18 +464,47 @@ def golden_step(
                     path,
                     "not-written",
                     (f"{len(raised)} row(s) raised ({', '.join(raised)})", *problems),
+                    judged.changes,
+                    judged.against,
+                    judged.against_words,
                 )
             )
         elif write:
             path, written = write_probe_golden(probe, golden_dir, adapter_drift=adapter_drift)
             verdicts.append(
-                PassVerdict(probe, path, "wrote" if written else "unchanged", tuple(problems))
+                PassVerdict(
+                    probe,
+                    path,
+                    "wrote" if written else "unchanged",
+                    problems,
+                    judged.changes,
+                    judged.against,
+                    judged.against_words,
+                )
             )
-        elif same_as is not None:
-            verdicts.append(PassVerdict(probe, path, "same-behaviour", same_as=same_as))
+        elif judged.same_as is not None:
+            verdicts.append(
+                PassVerdict(
+                    probe,
+                    path,
+                    "same-behaviour",
+                    against=judged.against,
+                    against_words=judged.against_words,
+                )
+            )
         elif problems:
             refresh = "if the change is intended, refresh with: " + probe_refresh_command(probe)
-            verdicts.append(PassVerdict(probe, path, "differs", (*problems, refresh)))
+            verdicts.append(
+                PassVerdict(
+                    probe,
+                    path,
+                    "differs",
+                    (*problems, refresh),
+                    judged.changes,
+                    judged.against,
+                    judged.against_words,
+                )
+            )
         else:
             verdicts.append(PassVerdict(probe, path, "matches"))
     findings = tuple(finding.line() for finding in checkpoint_findings())
@@ -406,7 +512,7 @@ def golden_step(
 
 
 _RECIPE = re.compile(
-    r"cpu-probe-(?P<model>.+?)(?P<fused>-fused)?(?:-bf16)?"
+    r"cpu-probe-(?P<model>.+?)(?P<fused>-fused)?(?P<bf16>-bf16)?"
     r"(?:-pp(?P<pp>\d+)-stage\d+)?(?:-tp(?P<tp>\d+)-sp)?"
 )
 
@@ -429,6 +535,83 @@ def _judging_command(recipe: str) -> str:
     return f"./venv-run recompute-harness probe --all{backend} --check-golden"
 
 
+@dataclass(frozen=True)
+class LayoutRun:
+    """One multi-rank probe a revision has CPU goldens for: ``model`` on ``ranks`` pipeline stages
+    (``layout`` "pipeline") or TP ranks with sequence parallel ("tensor"), at one back end and
+    precision."""
+
+    layout: str
+    model: str
+    ranks: int
+    attention_backend: str
+    precision: str
+
+
+@dataclass(frozen=True)
+class GoldenLayouts:
+    """What one revision's CPU goldens cover: the attention back ends of its single-process passes and
+    its multi-rank probes; ``pins`` their file names' pin part, ``count`` how many goldens those
+    pins have."""
+
+    pins: str
+    count: int
+    backends: tuple[str, ...]
+    runs: tuple[LayoutRun, ...]
+
+
+def _installed_pins() -> str:
+    return pin_slug(Revisions.from_json(collect_revisions()).pins())
+
+
+def layouts_to_judge(
+    golden_dir: Path | None = None, *, every: bool = False
+) -> GoldenLayouts | None:
+    """Every layout and attention back end the CPU goldens of this revision cover, where the installed
+    revisions have no CPU golden of their own (an edited tree, a pull request, a patched build): those
+    of the nearest revision's goldens (``newest_like``'s choice: the same Megatron Core version first,
+    then the newest). ``every``: the installed revisions' own, where they have goldens. None: judge
+    the default set (the pinned tree, or no golden of any revision)."""
+    directory = directory_for("cpu-probe", existing(golden_root(golden_dir)))
+    by_pins: dict[str, list[Path]] = {}
+    for path in sorted(directory.glob("cpu-probe-*.json")):
+        parts = path.name.removesuffix(".json").split("__", 2)
+        if len(parts) == 3:
+            by_pins.setdefault(parts[2], []).append(path)
+    own = _installed_pins()
+    if not by_pins or (own in by_pins and not every):
+        return None
+    if own not in by_pins:
+        version = Revisions.from_json(collect_revisions()).pins()["megatron_core"]["version"]
+
+        def nearness(pins: str) -> tuple[bool, str]:
+            golden = load_golden(by_pins[pins][0])
+            return (golden.pins.get("megatron_core") or {}).get("version") == version, golden.date
+
+        own = max(by_pins, key=nearness)
+    backends: list[str] = []
+    runs: list[LayoutRun] = []
+    for path in by_pins[own]:
+        recipe = _RECIPE.fullmatch(path.name.split("__", 1)[0])
+        if recipe is None:
+            continue
+        backend = "fused" if recipe["fused"] else "unfused"
+        precision = "bf16" if recipe["bf16"] else "fp32"
+        if recipe["pp"] or recipe["tp"]:
+            layout = "pipeline" if recipe["pp"] else "tensor"
+            ranks = int(recipe["pp"] or recipe["tp"])
+            runs.append(LayoutRun(layout, recipe["model"], ranks, backend, precision))
+        else:
+            backends.append(backend)
+    # As probe orders its passes: the default back end and precision first.
+    runs.sort(
+        key=lambda run: (run.model, run.attention_backend != "unfused", run.precision != "fp32")
+    )
+    return GoldenLayouts(
+        own, len(by_pins[own]), tuple(dict.fromkeys(backends)), tuple(dict.fromkeys(runs))
+    )
+
+
 def _not_judged(
     probes: list[ModelProbe], verdicts: list[PassVerdict], golden_dir: Path | None
 ) -> tuple[str, ...]:
@@ -436,8 +619,9 @@ def _not_judged(
     command that judges them ("" for a run of some models only: naming the rest would be noise)."""
     if not verdicts or {p.model for p in probes} != set(buildable_models()):
         return ()
-    judged = {v.golden.name for v in verdicts}
-    pins = {v.golden.name.split("__", 1)[1] for v in verdicts}
+    # A tree without goldens of its own was judged on another revision's: those are the ones left.
+    judged = {(v.golden if v.against is None else v.against).name for v in verdicts}
+    pins = {name.split("__", 1)[1] for name in judged}
     directory = directory_for("cpu-probe", golden_root(golden_dir))
     by_command: dict[str, list[str]] = {}
     for path in sorted(directory.glob("cpu-probe-*.json")):

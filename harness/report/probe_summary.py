@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from harness.golden.probe import GoldenStep, probe_refresh_command
 from harness.probe.present.coverage import unmeasured_everywhere
 from harness.probe.runner import ModelProbe, probe_errors
+from harness.report.changes import CHANGED_LABEL_LINES, first_change, label_lines
 from harness.report.summary import Summary, revision_subject
 
 # Golden outcomes in the order the block counts them (``harness.golden.probe.PassVerdict.outcome``).
@@ -27,18 +28,46 @@ def _count(values: Sequence[str], noun: str) -> str:
 
 
 def _judged(probes: Sequence[ModelProbe]) -> str:
+    single = [p for p in probes if p.pipeline_parallel == 1 and p.tensor_parallel == 1]
+    spread = [p for p in probes if p.pipeline_parallel > 1 or p.tensor_parallel > 1]
+    measured = sum(row.measured for probe in probes for row in probe.rows)
+    ends = f" = {len(probes)} passes, {measured} rows measured"
+    if not single:
+        return _on_layout(spread) + ends
+    models = list(dict.fromkeys(probe.model for probe in single))
+    precisions = list(dict.fromkeys(probe.precision for probe in single))
+    backends = list(dict.fromkeys(probe.attention_backend for probe in single))
+    said = (
+        f"{len(models)} model{'' if len(models) == 1 else 's'} x {_count(precisions, 'precision')}"
+    )
+    if len(backends) > 1:
+        said += f" x {_count(backends, 'attention back end')}"
+    layouts: dict[str, list[str]] = {}
+    for probe in spread:
+        name = (
+            f"PP {probe.pipeline_parallel}"
+            if probe.pipeline_parallel > 1
+            else f"TP {probe.tensor_parallel} + SP"
+        )
+        models_of = layouts.setdefault(name, [])
+        models_of += [probe.model] if probe.model not in models_of else []
+    said += "".join(f" + {name} of {', '.join(names)}" for name, names in layouts.items())
+    return said + ends
+
+
+def _on_layout(probes: Sequence[ModelProbe]) -> str:
+    """A multi-rank probe of its own (``--pipeline-parallel`` / ``--tensor-parallel``)."""
     models = list(dict.fromkeys(probe.model for probe in probes))
     precisions = list(dict.fromkeys(probe.precision for probe in probes))
-    stages = {(probe.pipeline_parallel, probe.tensor_parallel) for probe in probes}
-    layout = ""
-    if any(pp > 1 for pp, _ in stages):
-        layout = f" on {max(pp for pp, _ in stages)} pipeline stages"
-    elif any(tp > 1 for _, tp in stages):
-        layout = f" on TP {max(tp for _, tp in stages)} + sequence parallel"
-    measured = sum(row.measured for probe in probes for row in probe.rows)
+    pipeline = max(probe.pipeline_parallel for probe in probes)
+    layout = (
+        f" on {pipeline} pipeline stages"
+        if pipeline > 1
+        else f" on TP {max(probe.tensor_parallel for probe in probes)} + sequence parallel"
+    )
     return (
         f"{len(models)} model{'' if len(models) == 1 else 's'} x {_count(precisions, 'precision')}"
-        f"{layout} = {len(probes)} passes, {measured} rows measured"
+        + layout
     )
 
 
@@ -61,20 +90,30 @@ def _unmeasured(probes: Sequence[ModelProbe]) -> list[str]:
 
 
 def _goldens(step: GoldenStep) -> tuple[list[str], str | None]:
-    """(the block's golden lines, the first difference) for a check or write."""
+    """(the block's golden lines, the first difference) for a check or write: the first changed value
+    as ``model: label: metric golden -> actual``, and whose goldens were judged where these revisions
+    have none of their own, said once."""
     counts = [
         f"{sum(v.outcome == outcome for v in step.verdicts)} {words}"
         for outcome, words in _OUTCOME_WORDS
         if any(v.outcome == outcome for v in step.verdicts)
     ]
     lines = [f"of {len(step.verdicts)}: " + ", ".join(counts)]
+    others = list(dict.fromkeys(v.against_words for v in step.verdicts if v.against is not None))
+    if others:
+        mine = sum(v.against is None for v in step.verdicts)
+        lines.append(
+            f"judged against the golden(s) of {', '.join(others)}: "
+            + ("this tree has none of its own" if not mine else f"{mine} pass(es) had their own")
+        )
     first = next((v for v in step.verdicts if v.outcome in ("differs", "not-written")), None)
     if first is None:
         first = next((v for v in step.verdicts if v.problems), None)
     if first is None:
         return lines, None
-    named = f"{first.probe.pass_name}: {first.problems[0]}"
-    lines += [f"first: {first.golden.name}", f"  {named}"]
+    change = first_change(first.changes)
+    named = change.line() if change is not None else f"{first.probe.pass_name}: {first.problems[0]}"
+    lines.append(f"first: {named}")
     more = sum(len(v.problems) for v in step.verdicts) - 1
     if first.outcome == "differs":
         more -= 1  # the refresh line is not a difference
@@ -109,6 +148,8 @@ def probe_summary(
     if golden is not None:
         lines, first = _goldens(golden)
         summary.add("goldens", *lines)
+        changes = [change for verdict in golden.verdicts for change in verdict.changes]
+        summary.add("changed", *label_lines(changes, CHANGED_LABEL_LINES))
     else:
         summary.add("goldens", "not judged (--check-golden judges them)")
     errors = probe_errors(list(probes))

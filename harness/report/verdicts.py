@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.golden.figures import FigureMismatch
+from harness.report.changes import CHANGED_LABEL_LINES, first_change, label_lines
 from harness.report.summary import Summary, revision_subject
 
 if (
@@ -43,11 +44,13 @@ def diff_summary(found: TreeDiff, *, wall_s: float) -> Summary:
         ),
     ):
         summary.add(key, ", ".join(items) if items else "same")
+    first = first_change(found.changes)
     summary.add(
         "values",
         f"{len(found.changes)} changed" if found.changes else "none changed",
-        *found.changes[:1],
+        *([f"first: {first.line()}"] if first is not None else []),
     )
+    summary.add("changed", *label_lines(found.changes, CHANGED_LABEL_LINES))
     if not found.changed:
         same = (
             found.sides[0]["identity"]["fingerprint"] == found.sides[1]["identity"]["fingerprint"]
@@ -56,14 +59,16 @@ def diff_summary(found: TreeDiff, *, wall_s: float) -> Summary:
             " (identical recompute sources)" if same else " (new fingerprint, no value changed)"
         )
         return summary
-    first = [
+    named = [
         *(f"label {label} added" for label in found.labels_added),
         *(f"label {label} removed" for label in found.labels_removed),
         *(f"rule {rule} appeared" for rule in found.rules_appeared),
         *(f"rule {rule} vanished" for rule in found.rules_vanished),
-        *found.changes,
+        *([first.line()] if first is not None else []),
+        *(f"recompute config field {name} added" for name in found.fields_added),
+        *(f"recompute config field {name} removed" for name in found.fields_removed),
     ]
-    summary.verdict = f"behaviour changed; first: {first[0]}"
+    summary.verdict = f"behaviour changed; first: {named[0]}"
     return summary
 
 

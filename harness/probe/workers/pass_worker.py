@@ -1,6 +1,6 @@
 """A probe pass worker: ``python -m harness.probe.workers.pass_worker --options JSON`` (started by
 ``harness.probe.workers.passes``). It imports torch and Megatron Core once, then takes passes from its stdin,
-one JSON line each (``{"model": ..., "precision": ...}``), and answers each with one line on stdout:
+one JSON line each (``{"model": ..., "precision": ..., "attention_backend": ...}``), and answers each with one line on stdout:
 ``RESULT {probe --json of the pass}``, or ``USAGE <message>`` when the pass is bad input. It ends at
 the end of its stdin. Anything else it prints (Megatron Core's own output) is not read."""
 
@@ -32,7 +32,11 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:
         task = json.loads(line)
         try:
-            (probe,) = probe_models([task["model"]], precision=task["precision"], **options)
+            (probe,) = probe_models(
+                [task["model"]],
+                precision=task["precision"],
+                **{**options, "attention_backend": task["attention_backend"]},
+            )
         except UsageError as exc:
             print(USAGE + str(exc).replace("\n", " "), flush=True)
             continue

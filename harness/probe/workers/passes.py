@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import IO, Any
 
 from harness.errors import UsageError
@@ -39,24 +39,47 @@ def probe_passes(
     precisions: Sequence[str],
     *,
     jobs: int,
+    backends: Sequence[str] = ("unfused",),
     pass_timeout_s: float = PASS_TIMEOUT_S,
     on_done: PassDone | None = None,
     **options: Any,
 ) -> list[ModelProbe]:
-    """Every model at every precision (precision-major, as ``probe``'s output is ordered), each by
-    ``harness.probe.runner.probe_models`` with ``options``: in this process when ``jobs`` is 1 or
-    there is one pass, else on ``min(jobs, passes)`` workers. ``on_done`` hears of each finished
-    pass (in this process a precision's passes finish together)."""
-    passes = [(model, precision) for precision in precisions for model in models]
+    """Every model at every precision and core-attention back end (back end-major, then precision, as
+    ``probe``'s output is ordered), each by ``harness.probe.runner.probe_models`` with ``options``: in
+    this process when ``jobs`` is 1 or there is one pass, else on ``min(jobs, passes)`` workers, which
+    take the passes of every back end from one queue. ``on_done`` hears of each finished pass (in
+    this process a precision's passes finish together)."""
+    passes = [
+        _Pass(model, precision, backend)
+        for backend in backends
+        for precision in precisions
+        for model in models
+    ]
     done = on_done or (lambda probe, finished, total: None)
     if jobs <= 1 or len(passes) <= 1:
         probes: list[ModelProbe] = []
-        for precision in precisions:
-            for probe in probe_models(list(models), precision=precision, **options):
-                probes.append(probe)
-                done(probe, len(probes), len(passes))
+        for backend in backends:
+            for precision in precisions:
+                for probe in probe_models(
+                    list(models), precision=precision, attention_backend=backend, **options
+                ):
+                    probes.append(probe)
+                    done(probe, len(probes), len(passes))
         return probes
     return _on_workers(passes, min(jobs, len(passes)), options, pass_timeout_s, done)
+
+
+@dataclass(frozen=True)
+class _Pass:
+    model: str
+    precision: str
+    attention_backend: str
+
+    def __str__(self) -> str:
+        qualifiers = [self.precision] + (
+            [self.attention_backend] if self.attention_backend != "unfused" else []
+        )
+        return f"{self.model} ({', '.join(qualifiers)})"
 
 
 @dataclass
@@ -67,12 +90,9 @@ class _Worker:
     task: int | None = None  # the index of the pass it runs
     started: float = 0.0
 
-    def send(self, index: int, task: tuple[str, str]) -> None:
+    def send(self, index: int, task: _Pass) -> None:
         assert self.process.stdin is not None  # Popen(stdin=PIPE)
-        model, precision = task
-        self.process.stdin.write(
-            json.dumps({"model": model, "precision": precision}).encode() + b"\n"
-        )
+        self.process.stdin.write(json.dumps(asdict(task)).encode() + b"\n")
         self.process.stdin.flush()
         self.task, self.started = index, time.monotonic()
 
@@ -116,19 +136,17 @@ def _start_worker(options: dict[str, Any]) -> _Worker:
     )
 
 
-def _next_pass(
-    waiting: list[tuple[int, tuple[str, str]]], took: dict[str, float]
-) -> tuple[int, tuple[str, str]]:
+def _next_pass(waiting: list[tuple[int, _Pass]], took: dict[str, float]) -> tuple[int, _Pass]:
     """Take the next pass off ``waiting``: one whose model has not run yet, in order, else the one
     whose model's earlier pass took longest. A model's passes cost alike at every precision, so the
     last precision's passes go longest first and the workers finish together, not one of them
     alone on a long pass."""
-    chosen = max(range(len(waiting)), key=lambda i: (took.get(waiting[i][1][0], math.inf), -i))
+    chosen = max(range(len(waiting)), key=lambda i: (took.get(waiting[i][1].model, math.inf), -i))
     return waiting.pop(chosen)
 
 
 def _on_workers(
-    passes: list[tuple[str, str]],
+    passes: list[_Pass],
     jobs: int,
     options: dict[str, Any],
     pass_timeout_s: float,
@@ -151,9 +169,8 @@ def _on_workers(
                 worker = key.data
                 lines = worker.lines()
                 if lines is None:
-                    model, precision = passes[worker.task]
                     raise RuntimeError(
-                        f"the probe worker of {model} ({precision}) died, {worker.why_it_died()}"
+                        f"the probe worker of {passes[worker.task]} died, {worker.why_it_died()}"
                     )
                 for line in lines:
                     if line.startswith(USAGE):
@@ -162,15 +179,14 @@ def _on_workers(
                         continue  # Megatron Core's own output
                     results[worker.task] = ModelProbe.from_dict(json.loads(line[len(RESULT) :]))
                     done(results[worker.task], len(results), len(passes))
-                    took[passes[worker.task][0]] = time.monotonic() - worker.started
+                    took[passes[worker.task].model] = time.monotonic() - worker.started
                     worker.task = None
                     if waiting:
                         worker.send(*_next_pass(waiting, took))
             for worker in workers:
                 if worker.task is not None and time.monotonic() - worker.started > pass_timeout_s:
-                    model, precision = passes[worker.task]
                     raise RuntimeError(
-                        f"hang: the probe pass of {model} ({precision}) ran past "
+                        f"hang: the probe pass of {passes[worker.task]} ran past "
                         f"{pass_timeout_s:.0f} s; its worker was killed"
                     )
     finally:

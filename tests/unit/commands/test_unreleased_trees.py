@@ -63,3 +63,82 @@ def test_skip_final_recompute_is_measured_where_a_tree_declares_it():
     # uniform L: the one unit is the final one, so nothing is recomputed.
     assert rows[f"full-uniform-{layers}-skip-final"]["status"] == "inactive"
     assert rows["full-block-1-skip-final"]["status"] == "inactive"
+
+
+def _edited_copy(tmp_path, relative: str, old: str, new: str):
+    """A copy of the installed Megatron Core with one edit of ``relative`` (under megatron/core)."""
+    root = megatron_core_root()
+    assert root is not None
+    installed = root.parent
+    copy = tmp_path / "edited"
+    shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    source = copy / "megatron" / "core" / relative
+    text = source.read_text()
+    assert text.count(old) == 1, f"the edit's anchor is not once in {relative}: {old!r}"
+    source.write_text(text.replace(old, new))
+    return copy
+
+
+def _block(stdout: str) -> list[str]:
+    """The verdict block: the lines from its '== ' header to the end."""
+    lines = stdout.rstrip().splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("== probe "))
+    return lines[start:]
+
+
+def test_an_edit_that_makes_core_attn_inactive_is_named_on_the_screen(tmp_path):
+    # Only change: attention never wraps core attention in its checkpoint.
+    copy = _edited_copy(
+        tmp_path,
+        "transformer/attention.py",
+        'and "core_attn" in self.config.recompute_modules\n',
+        'and "core_attn" in self.config.recompute_modules\n            and False\n',
+    )
+    probe = harness_on(
+        copy,
+        "probe",
+        "--model",
+        "dense-tiny",
+        "--precision",
+        "fp32",
+        "--check-golden",
+        "--jobs",
+        "1",
+    )
+    assert probe.returncode == 1, probe.stdout[-3000:] + probe.stderr[-2000:]
+    block = _block(probe.stdout)
+    text = "\n".join(block)
+    # The golden of 0.19.2 was found and judged: no "missing golden" preamble, whose it was said once.
+    assert "no CPU golden" not in text
+    assert text.count("judged against the golden(s) of another fingerprint of ") == 1
+    first = next(line.strip() for line in block if line.strip().startswith("first: "))
+    assert first.startswith("first: dense-tiny: core_attn: ")
+    assert block[-1].startswith("FAIL: 1 of 1 golden(s) differ; first: dense-tiny: core_attn: ")
+    changed = next(line for line in block if line.startswith("changed "))
+    assert changed.split(maxsplit=1)[1].startswith("core_attn: inactive on dense-tiny (replayed ")
+    assert len(block) <= 25
+
+
+def test_an_edit_only_the_pipeline_sees_fails_the_main_job_by_label(tmp_path):
+    # Full recompute skipped on every stage but the first: a single-process probe (one stage, the
+    # first) cannot see it; the PP 2 probe's second stage can.
+    copy = _edited_copy(
+        tmp_path,
+        "transformer/transformer_block.py",
+        "if self.config.recompute_granularity == 'full' and self.training:",
+        "if self.config.recompute_granularity == 'full' and self.training and self.pre_process:",
+    )
+    probe = harness_on(copy, "probe", "--all", "--check-golden")
+    assert probe.returncode == 1, probe.stdout[-3000:] + probe.stderr[-2000:]
+    block = _block(probe.stdout)
+    text = "\n".join(block)
+    # Every golden of 0.19.2 was judged: the pipeline's among them, none left listed.
+    judged = next(line for line in block if line.startswith("judged "))
+    assert "PP 2 of dense-deep" in judged and "TP 2 + SP of " in judged
+    assert "x 2 attention back ends (unfused, fused)" in judged
+    assert "not judged" not in text
+    first = next(line.strip() for line in block if line.strip().startswith("first: "))
+    assert first.startswith("first: dense-deep (PP 2 stage 1): full-"), first
+    changed = [line.split(maxsplit=1)[-1] for line in block if line.startswith(("changed ", " "))]
+    assert any(line.startswith("full-") and " on dense-deep" in line for line in changed), text
+    assert len(block) <= 25

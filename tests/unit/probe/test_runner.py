@@ -124,11 +124,17 @@ def test_after_a_revision_bump_the_diff_is_against_the_last_pinned_golden(probes
     older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
     path.unlink()
-    _, problems = check_probe_golden(probe, tmp_path)
-    assert problems[0].startswith("no CPU golden ")
-    assert problems[1] == f"against {older.name} (other revisions): 1 change(s)"
-    assert problems[2].startswith("moe: backward_flops ") and "FAIL" in problems[2]
-    assert len(problems) == 3
+    judged = judge_probe_golden(probe, tmp_path)
+    # Judged against the older golden, named once, with the one changed value as its problem.
+    assert judged.against == older and judged.against_words == "megatron-core 0.0.1 (00000000…)"
+    (problem,) = judged.problems
+    assert problem.startswith("moe: backward_flops ") and "FAIL" in problem
+    (change,) = judged.changes
+    assert (change.label, change.metric, change.after - change.before) == (
+        "moe",
+        "backward_flops",
+        -1,
+    )
 
 
 def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path):
@@ -139,7 +145,8 @@ def test_a_new_revision_with_no_value_changed_is_same_behaviour(probes, tmp_path
     older = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     older.write_text(json.dumps(golden))
     path.unlink()
-    assert judge_probe_golden(probe, tmp_path) == (path, [], older)
+    judged = judge_probe_golden(probe, tmp_path)
+    assert (judged.path, judged.problems, judged.same_as) == (path, (), older)
     step = golden_step([probe], write=False, golden_dir=tmp_path)
     expected = (
         f"dense-tiny: same behaviour: no golden {path.name} for this new revision, and no value "

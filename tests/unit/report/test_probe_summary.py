@@ -11,6 +11,7 @@ import pytest
 
 from harness.cli import main
 from harness.golden.probe import golden_step
+from harness.golden.store import golden_filename
 from harness.probe.runner import probe_models
 from harness.report.probe_summary import probe_summary
 from harness.report.summary import REPORT_HEADER, print_summary
@@ -89,3 +90,33 @@ def test_a_report_path_that_is_not_a_report_is_refused_before_any_work(tmp_path,
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "refusing to overwrite it" in err
     assert notes.read_text() == "my notes\n"
+
+
+def test_a_tree_without_goldens_of_its_own_names_the_changed_value_not_the_missing_file(
+    dense_probe, tmp_path
+):
+    # As an edited tree of the same version sees it: the only golden is another fingerprint's.
+    (written,) = golden_step([dense_probe], write=True, golden_dir=tmp_path).written
+    path = Path(written)
+    golden = json.loads(path.read_text())
+    version = golden["pins"]["megatron_core"]["version"]
+    golden["pins"]["megatron_core"]["fingerprint"] = "0123456789abcdef"
+    row = next(row for row in golden["rows"] if row["label"] == "layernorm")
+    row["values"]["retained_bytes"] += 4096  # the label now saves 4 KiB more than it did
+    other = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
+    other.write_text(json.dumps(golden))
+    path.unlink()
+    step = golden_step([dense_probe], write=False, golden_dir=tmp_path)
+    summary, lines = _block(dense_probe, step, checking=True)
+    text = "\n".join(lines)
+    assert not summary.passed and "no CPU golden" not in text
+    said = f"judged against the golden(s) of another fingerprint of {version} (01234567…)"
+    assert text.count(said) == 1 and text.count("another fingerprint") == 1
+    first = next(line.strip() for line in lines if line.strip().startswith("first: "))
+    assert first.startswith("first: dense-tiny: layernorm: retained_bytes ")
+    assert lines[-1].startswith("FAIL: 1 of 1 golden(s) differ; first: dense-tiny: layernorm: ")
+    changed = next(line for line in lines if line.startswith("changed "))
+    assert changed.split(maxsplit=1)[1].startswith(
+        "layernorm: saves more on dense-tiny (retained -"
+    )
+    assert len(lines) <= SCREEN_LINES

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from harness.compare.tree_diff import TreeDiff
 from harness.golden.figures import FigureMismatch
+from harness.record.changes import ValueChange
 from harness.report.verdicts import diff_summary, estimate_summary
 
 
@@ -34,12 +35,30 @@ def test_a_changed_tree_names_the_first_change_labels_before_values():
     found = TreeDiff(
         (_side("0.19.2", "a" * 16), _side("0.20.0", "b" * 16)),
         labels_added=["mhc"],
-        changes=["dense-tiny (fp32) / layernorm: retained_bytes 100 -> 120"],
+        changes=[ValueChange("dense-tiny", "dense-tiny", "layernorm", "retained_bytes", 100, 120)],
     )
     lines = diff_summary(found, wall_s=1.0).lines()
     assert "labels     +mhc" in lines
     assert "values     1 changed" in lines
+    # The first changed value, then what became of its label.
+    assert "           first: dense-tiny: layernorm: retained_bytes 100 -> 120" in lines
+    assert "changed    layernorm: saves less on dense-tiny (retained +20 %)" in lines
     assert lines[-1] == "FAIL: behaviour changed; first: label mhc added; 1 s"
+
+
+def test_a_changed_value_alone_is_the_first_change():
+    found = TreeDiff(
+        (_side("0.19.2", "a" * 16), _side("0.19.2", "b" * 16)),
+        changes=[
+            ValueChange("dense-tiny", "dense-tiny", "core_attn", "replay_bytes", 2565644, 0),
+            ValueChange("dense-tiny", "dense-tiny", "core_attn", "status", "effective", "inactive"),
+        ],
+    )
+    lines = diff_summary(found, wall_s=1.0).lines()
+    assert lines[-1] == (
+        "FAIL: behaviour changed; first: dense-tiny: core_attn: replay_bytes 2565644 -> 0; 1 s"
+    )
+    assert "changed    core_attn: inactive on dense-tiny (replayed 2.6 MB -> 0)" in lines
 
 
 def test_an_estimate_golden_mismatch_is_named():

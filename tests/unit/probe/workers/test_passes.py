@@ -21,15 +21,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.layouts]
 
 
 def test_passes_on_workers_are_the_passes_of_one_process():
-    options = {"label_sets": [("core_attn",)], "hang_probe": False}
+    # Both attention back ends from one queue of passes: what a tree without goldens of its own runs.
+    options = {
+        "label_sets": [("core_attn",)],
+        "hang_probe": False,
+        "backends": ("unfused", "fused"),
+    }
     passes = (["dense-tiny", "mtp-tiny"], ["fp32", "bf16"])
     on_workers = probe_passes(*passes, jobs=2, **options)
     in_process = probe_passes(*passes, jobs=1, **options)
-    assert [(probe.model, probe.precision) for probe in on_workers] == [
-        ("dense-tiny", "fp32"),
-        ("mtp-tiny", "fp32"),
-        ("dense-tiny", "bf16"),
-        ("mtp-tiny", "bf16"),
+    assert [(probe.model, probe.precision, probe.attention_backend) for probe in on_workers] == [
+        (model, precision, backend)
+        for backend in ("unfused", "fused")
+        for precision in ("fp32", "bf16")
+        for model in ("dense-tiny", "mtp-tiny")
     ]
     assert [probe_json(probe) for probe in on_workers] == [
         probe_json(probe) for probe in in_process
