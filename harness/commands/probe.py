@@ -187,15 +187,19 @@ def _layout_option(args: argparse.Namespace) -> str | None:
     return None
 
 
-def _layout_probes(args: argparse.Namespace, model: str, precision: str) -> list[ModelProbe]:
-    """``model``'s probes on the layout given: one per pipeline stage, or the TP ranks' agreed one."""
+def _layout_probes(args: argparse.Namespace, model: str) -> list[ModelProbe]:
+    """``model``'s probes on the layout given, every precision from one job: one per pipeline stage
+    and precision, or the TP ranks' agreed one per precision."""
     from harness.probe.layouts.pipeline import probe_pipeline
     from harness.probe.layouts.tensor_parallel import probe_tensor_parallel
 
-    options = {"precision": precision, "attention_backend": args.attention_backend}
+    options = {
+        "precisions": list(dict.fromkeys(args.precision)),
+        "attention_backend": args.attention_backend,
+    }
     if args.pipeline_parallel is not None:
         return probe_pipeline(model, args.pipeline_parallel, **options)
-    return [probe_tensor_parallel(model, args.tensor_parallel, **options)]
+    return probe_tensor_parallel(model, args.tensor_parallel, **options)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -251,11 +255,7 @@ def run(args: argparse.Namespace) -> int:
     label_sets = parse_label_sets(args.modules) if args.modules else None
     if _layout_option(args) is not None:
         try:
-            probes = [
-                probe
-                for precision in dict.fromkeys(args.precision)
-                for probe in _layout_probes(args, names[0], precision)
-            ]
+            probes = _layout_probes(args, names[0])
         except RuntimeError as exc:  # the ranks failed, hung (and were killed) or disagreed
             print(f"recompute-harness: error: {exc}", file=sys.stderr)
             return EXIT_FAILED
@@ -266,7 +266,7 @@ def run(args: argparse.Namespace) -> int:
             backends = list(dict.fromkeys([*backends, *layouts.backends]))
         runs = [] if layouts is None else [run for run in layouts.runs if run.model in names]
         try:
-            passes = len(names) * len(set(args.precision)) * len(backends) + len(runs)
+            passes = len(names) * len(set(args.precision)) * len(backends)
             with PassProgress("probe passes", passes) as progress:
                 probes = probe_passes(
                     names,
@@ -280,9 +280,8 @@ def run(args: argparse.Namespace) -> int:
                     hang_timeout_s=args.hang_timeout,
                     **sizes,
                 )
-                for run in runs:
-                    probes += _layout_run(run)
-                    progress.advance(f"{run.model} {run.layout}", len(probes), passes)
+                if runs:
+                    probes += _layout_runs(runs)
         except (
             RuntimeError
         ) as exc:  # a worker or rank died or hung (and was killed): nothing written
@@ -321,20 +320,21 @@ def run(args: argparse.Namespace) -> int:
     return exit_code
 
 
-def _layout_run(run: LayoutRun) -> list[ModelProbe]:
-    """One multi-rank probe a revision has goldens for (its stages, or the TP ranks' agreed probe)."""
+def _layout_runs(runs: list[LayoutRun]) -> list[ModelProbe]:
+    """The multi-rank probes a revision has goldens for, one job per layout, model and back end for
+    every precision it has goldens at (each job's start-up paid once)."""
     from harness.probe.layouts.pipeline import probe_pipeline
     from harness.probe.layouts.tensor_parallel import probe_tensor_parallel
 
-    if run.layout == "pipeline":
-        return probe_pipeline(
-            run.model, run.ranks, precision=run.precision, attention_backend=run.attention_backend
-        )
-    return [
-        probe_tensor_parallel(
-            run.model, run.ranks, precision=run.precision, attention_backend=run.attention_backend
-        )
-    ]
+    jobs: dict[tuple[str, str, int, str], list[str]] = {}
+    for run in runs:
+        key = (run.layout, run.model, run.ranks, run.attention_backend)
+        jobs.setdefault(key, []).append(run.precision)
+    probes: list[ModelProbe] = []
+    for (layout, model, ranks, backend), precisions in jobs.items():
+        launch = probe_pipeline if layout == "pipeline" else probe_tensor_parallel
+        probes += launch(model, ranks, precisions=precisions, attention_backend=backend)
+    return probes
 
 
 def _every_layout(args: argparse.Namespace) -> GoldenLayouts | None:

@@ -6,7 +6,9 @@ across models, precisions and layouts, saying what became of the label and by ho
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from harness.golden.figures import FigureMismatch
 from harness.record.changes import MEASURED, STATUS, UNMEASURED, ValueChange
 from harness.record.metrics import MetricName
 
@@ -44,10 +46,11 @@ def _direction(changes: Sequence[ValueChange], names: Sequence[str]) -> int:
 
 
 def _numbers(change: ValueChange) -> bool:
-    return all(
-        isinstance(v, int | float) and not isinstance(v, bool)
-        for v in (change.before, change.after)
-    )
+    return _numbers_of(change.before, change.after)
+
+
+def _numbers_of(*values: Any) -> bool:
+    return all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
 
 
 def fate(changes: Sequence[ValueChange]) -> str:
@@ -153,4 +156,26 @@ def label_lines(changes: Sequence[ValueChange], limit: int) -> list[str]:
     if len(lines) > limit:
         rest = len(lines) - limit + 1
         return [*lines[: limit - 1], f"{rest} more label(s) changed: every value is in the report"]
+    return lines
+
+
+def figure_lines(mismatches: Sequence[FigureMismatch], limit: int) -> list[str]:
+    """For goldens judged figure by figure (estimate, capacity): one line per row (``where``) with
+    each of its differing figures' relative change, at most ``limit`` and a last line counting the
+    rest."""
+    rows: dict[str, list[FigureMismatch]] = {}
+    for mismatch in mismatches:
+        rows.setdefault(mismatch.where, []).append(mismatch)
+    lines = []
+    for where, found in rows.items():
+        figures = [
+            f"{m.figure} {_signed_pct((m.actual - m.golden) / abs(m.golden) * 100.0)}"
+            if _numbers_of(m.golden, m.actual) and m.golden
+            else f"{m.figure} {m.golden!r} -> {m.actual!r}"
+            for m in found
+        ]
+        lines.append(f"{where}: {', '.join(figures)}")
+    if len(lines) > limit:
+        rest = len(lines) - limit + 1
+        return [*lines[: limit - 1], f"{rest} more row(s) changed: every figure is listed above"]
     return lines

@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.golden.figures import FigureMismatch
-from harness.report.changes import CHANGED_LABEL_LINES, first_change, label_lines
+from harness.report.changes import (
+    CHANGED_LABEL_LINES,
+    figure_lines,
+    first_change,
+    label_lines,
+)
 from harness.report.summary import Summary, revision_subject
 
 if (
@@ -90,7 +95,10 @@ def estimate_summary(
     )
     summary.add("judged", f"{rows} rows against {golden_file.name}")
     if mismatches:
-        summary.add("golden", f"{len(mismatches)} figure(s) differ", mismatches[0].line())
+        summary.add(
+            "golden", f"{len(mismatches)} figure(s) differ", f"first: {mismatches[0].line()}"
+        )
+        summary.add("changed", *figure_lines(mismatches, CHANGED_LABEL_LINES))
         summary.verdict = f"{len(mismatches)} figure(s) differ; first: {mismatches[0].line()}"
     else:
         summary.add("golden", "every figure matches")

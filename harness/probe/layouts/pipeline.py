@@ -38,6 +38,7 @@ it), and a step past the timeout has its process tree killed and is reported as 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,23 +106,26 @@ def probe_pipeline(
     model: str,
     pp: int,
     *,
-    precision: str = "fp32",
+    precisions: Sequence[str] = ("fp32",),
     attention_backend: str = "unfused",
     timeout_s: float = RANKS_TIMEOUT_S,
 ) -> list[ModelProbe]:
-    """One ``ModelProbe`` per stage, in stage order, from ``pp`` torchrun ranks. A job that fails or
-    hangs raises RuntimeError naming the cause (its last line, or the timeout)."""
+    """One ``ModelProbe`` per stage, in stage order, per precision (in ``precisions``' order), from one
+    job of ``pp`` torchrun ranks. A job that fails or hangs raises RuntimeError naming the cause
+    (its last line, or the timeout)."""
     check_pipelinable(buildable_model(model), pp)
-    stages = run_probe_ranks(
+    per_precision = run_probe_ranks(
         model,
         "--pipeline-parallel",
         pp,
-        precision=precision,
+        precisions=precisions,
         attention_backend=attention_backend,
-        what=f"the PP {pp} probe of {model} ({precision}, {attention_backend})",
+        what=f"the PP {pp} probe of {model} ({', '.join(precisions)}, {attention_backend})",
         timeout_s=timeout_s,
     )
-    return sorted(stages, key=lambda probe: probe.stage)
+    return [
+        probe for stages in per_precision for probe in sorted(stages, key=lambda probe: probe.stage)
+    ]
 
 
 # --- on each rank (harness.probe.workers.rank_worker) -------------------------------------------------

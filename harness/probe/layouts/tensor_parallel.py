@@ -25,6 +25,7 @@ divide, a size outside [2, 8], a hybrid model) is a UsageError before any rank s
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from harness.cpu.adapter import init_cpu_parallel_state
@@ -67,27 +68,29 @@ def probe_tensor_parallel(
     model: str,
     tp: int,
     *,
-    precision: str = "fp32",
+    precisions: Sequence[str] = ("fp32",),
     attention_backend: str = "unfused",
     timeout_s: float = RANKS_TIMEOUT_S,
-) -> ModelProbe:
+) -> list[ModelProbe]:
     """The probe of ``model`` on ``tp`` torchrun ranks with sequence parallel, as every rank measured
-    it. A job that fails or hangs, or ranks that disagree, raise RuntimeError naming the cause."""
+    it, per precision (in ``precisions``' order; one job for all). A job that fails or hangs, or ranks
+    that disagree, raise RuntimeError naming the cause."""
     check_tensor_parallel(buildable_model(model), tp)
-    what = f"the TP {tp} + SP probe of {model} ({precision}, {attention_backend})"
-    ranks = run_probe_ranks(
+    what = f"the TP {tp} + SP probe of {model} ({', '.join(precisions)}, {attention_backend})"
+    per_precision = run_probe_ranks(
         model,
         "--tensor-parallel",
         tp,
-        precision=precision,
+        precisions=precisions,
         attention_backend=attention_backend,
         what=what,
         timeout_s=timeout_s,
     )
-    disagreements = rank_disagreements(ranks)
-    if disagreements:
-        raise RuntimeError(f"{what}: the ranks disagree: {'; '.join(disagreements)}")
-    return ranks[0]
+    for ranks in per_precision:
+        disagreements = rank_disagreements(ranks)
+        if disagreements:
+            raise RuntimeError(f"{what}: the ranks disagree: {'; '.join(disagreements)}")
+    return [ranks[0] for ranks in per_precision]
 
 
 def _rank_values(row: ProbeRowResult) -> dict[str, Any]:

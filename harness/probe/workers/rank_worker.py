@@ -2,8 +2,10 @@
 
 ``--pipeline-parallel N``: the rank probes its pipeline stage (``harness.probe.layouts.pipeline.stage_probe``);
 ``--tensor-parallel N``: the rank runs the probe's rows on its share of a TP group with sequence
-parallel (``harness.probe.layouts.tensor_parallel.rank_probe``). Each writes ``rank<r>.json`` into ``--out``:
-its ``ModelProbe``, read back by ``harness.probe.workers.ranks.run_probe_ranks``.
+parallel (``harness.probe.layouts.tensor_parallel.rank_probe``). ``--precision`` may name several: one
+probe each, in this one process (its start-up, torch's and Megatron Core's imports, paid once). Each
+rank writes ``rank<r>.json`` into ``--out``: the list of its ``ModelProbe``s, one per precision, read
+back by ``harness.probe.workers.ranks.run_probe_ranks``.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def main(argv: list[str]) -> int:
     layout = parser.add_mutually_exclusive_group(required=True)
     layout.add_argument("--pipeline-parallel", type=int)
     layout.add_argument("--tensor-parallel", type=int)
-    parser.add_argument("--precision", required=True)
+    parser.add_argument("--precision", required=True, nargs="+")
     parser.add_argument("--attention-backend", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--timeout", type=float, required=True)
@@ -41,17 +43,16 @@ def main(argv: list[str]) -> int:
     from harness.probe.layouts.tensor_parallel import rank_probe
     from harness.probe.present.table import probe_json
 
-    options = {
-        "precision": args.precision,
-        "attention_backend": args.attention_backend,
-        "timeout_s": args.timeout,
-    }
-    probe = (
-        stage_probe(args.model, args.pipeline_parallel, **options)
+    options = {"attention_backend": args.attention_backend, "timeout_s": args.timeout}
+    probes = [
+        stage_probe(args.model, args.pipeline_parallel, precision=precision, **options)
         if args.pipeline_parallel is not None
-        else rank_probe(args.model, args.tensor_parallel, **options)
+        else rank_probe(args.model, args.tensor_parallel, precision=precision, **options)
+        for precision in args.precision
+    ]
+    write_json_atomic(
+        args.out / f"rank{dist.get_rank()}.json", [probe_json(probe) for probe in probes]
     )
-    write_json_atomic(args.out / f"rank{dist.get_rank()}.json", probe_json(probe))
     dist.destroy_process_group()
     return 0
 

@@ -9,6 +9,7 @@ The pipeline probe (``harness.probe.layouts.pipeline``) and the tensor-parallel 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from harness.errors import UsageError
 from harness.probe.runner import DTYPES, ModelProbe
@@ -33,24 +34,26 @@ def run_probe_ranks(
     layout: str,
     ranks: int,
     *,
-    precision: str,
+    precisions: Sequence[str],
     attention_backend: str,
     what: str,
     timeout_s: float = RANKS_TIMEOUT_S,
-) -> list[ModelProbe]:
-    """The ``ModelProbe`` of each of ``ranks`` ranks of ``harness.probe.workers.rank_worker``, in rank order,
-    probing ``model`` on ``layout`` (its option: ``--pipeline-parallel``, ``--tensor-parallel``). A
+) -> list[list[ModelProbe]]:
+    """Per precision (in ``precisions``' order), the ``ModelProbe`` of each of ``ranks`` ranks of
+    ``harness.probe.workers.rank_worker``, in rank order, probing ``model`` on ``layout`` (its
+    option: ``--pipeline-parallel``, ``--tensor-parallel``): one torchrun job for every precision. A
     job that fails or hangs raises RuntimeError naming ``what`` and the cause (its last line, or the
     timeout: its process tree was killed)."""
-    if precision not in DTYPES:
-        raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
+    for precision in precisions:
+        if precision not in DTYPES:
+            raise UsageError(f"unknown precision {precision!r}; known: {', '.join(DTYPES)}")
     worker_args = [
         "--model",
         model,
         layout,
         str(ranks),
         "--precision",
-        precision,
+        *precisions,
         "--attention-backend",
         attention_backend,
         "--timeout",
@@ -62,4 +65,5 @@ def run_probe_ranks(
     if child.returncode != 0 or len(texts) != ranks:
         tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
         raise RuntimeError(f"{what} failed (exit {child.returncode}): {tail}")
-    return [ModelProbe.from_dict(json.loads(text)) for text in texts]
+    by_rank = [[ModelProbe.from_dict(probe) for probe in json.loads(text)] for text in texts]
+    return [[probes[index] for probes in by_rank] for index in range(len(precisions))]

@@ -68,3 +68,15 @@ def test_an_estimate_golden_mismatch_is_named():
     assert summary.lines()[-1].startswith(
         "FAIL: 1 figure(s) differ; first: row 'moe': saving_bytes"
     )
+
+
+def test_an_estimate_golden_mismatch_says_each_row_once_with_its_figures():
+    mismatches = [
+        FigureMismatch("row 'moe'", "saving_bytes", 100, 90),
+        FigureMismatch("row 'moe'", "retained_bytes", 200, 206),
+        FigureMismatch("row 'core_attn'", "status", "effective", "inactive"),
+    ]
+    lines = estimate_summary("r", Path("g.json"), mismatches, rows=3, wall_s=2).lines()
+    assert "           first: row 'moe': saving_bytes golden 100, now 90 (-10.00 %)" in lines
+    assert "changed    row 'moe': saving_bytes -10 %, retained_bytes +3 %" in lines
+    assert "           row 'core_attn': status 'effective' -> 'inactive'" in lines
