@@ -23,14 +23,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 TARGET_S = 150.0
 
 
 def edited_copy(target: Path) -> Path:
-    import megatron.core
+    from harness.config.revisions import megatron_core_root  # finds it without importing it
 
-    installed = Path(megatron.core.__file__).resolve().parents[1]
-    shutil.copytree(installed, target / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
+    core = megatron_core_root()
+    if core is None:
+        sys.exit("benchmarks/every_layout.py: megatron-core is not installed")
+    shutil.copytree(core.parent, target / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
     random_py = target / "megatron" / "core" / "tensor_parallel" / "random.py"
     random_py.write_text(random_py.read_text() + "\n# benchmark: a comment, no behaviour change\n")
     return target

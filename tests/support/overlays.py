@@ -146,6 +146,31 @@ def harness_on(tree: Path | None, *argv: str) -> subprocess.CompletedProcess:
     )
 
 
+def installed_tree() -> Path:
+    """The directory holding the installed ``megatron/`` (found without importing it)."""
+    from harness.config.revisions import megatron_core_root
+
+    core = megatron_core_root()
+    assert core is not None, "megatron-core is not installed"
+    return core.parent.parent
+
+
+def edited_tree(tmp_path: Path, relative: str | Path, old: str, new: str) -> Path:
+    """A copy of the installed Megatron Core with one edit of ``megatron/core/<relative>``: ``old``,
+    which must stand there once, replaced by ``new``."""
+    copy = tmp_path / "edited"
+    shutil.copytree(
+        installed_tree() / "megatron",
+        copy / "megatron",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    source = copy / "megatron" / "core" / relative
+    text = source.read_text()
+    assert text.count(old) == 1, f"{relative} no longer holds {old!r} once"
+    source.write_text(text.replace(old, new))
+    return copy
+
+
 def revision_path(revision: str) -> Path | None:
     """The directory to put first on ``PYTHONPATH`` for a revision of ``REVISIONS`` (None: the venv's)."""
     if revision == INSTALLED:

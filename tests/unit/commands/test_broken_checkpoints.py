@@ -7,37 +7,15 @@ tier's budget: .ci/run's ``unreleased`` step."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
-from overlays import harness_on
-
-from harness.config.revisions import megatron_core_root
+from overlays import edited_tree, harness_on, installed_tree
 
 pytestmark = [pytest.mark.slow, pytest.mark.unreleased]
 
 EXPERTS = Path("transformer/moe/experts.py")
 RANDOM = Path("tensor_parallel/random.py")
-
-
-def installed_tree() -> Path:
-    """The directory holding the installed ``megatron/`` (found without importing it)."""
-    core = megatron_core_root()
-    assert core is not None, "megatron-core is not installed"
-    return core.parent.parent
-
-
-def edited_tree(tmp_path: Path, relative: Path, old: str, new: str) -> Path:
-    """A copy of the installed Megatron Core with one edit of ``megatron/core/<relative>``."""
-    installed = installed_tree() / "megatron"
-    copy = tmp_path / "edited"
-    shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
-    source = copy / "megatron" / "core" / relative
-    text = source.read_text()
-    assert text.count(old) == 1, f"{relative} no longer holds {old!r} once"
-    source.write_text(text.replace(old, new))
-    return copy
 
 
 def check_golden(tree: Path, model: str = "moonlight-tiny"):

@@ -10,7 +10,7 @@ import json
 import shutil
 
 import pytest
-from overlays import harness_on, pull_request_trees
+from overlays import edited_tree, harness_on, pull_request_trees
 
 from harness.config.revisions import megatron_core_root
 
@@ -65,20 +65,6 @@ def test_skip_final_recompute_is_measured_where_a_tree_declares_it():
     assert rows["full-block-1-skip-final"]["status"] == "inactive"
 
 
-def _edited_copy(tmp_path, relative: str, old: str, new: str):
-    """A copy of the installed Megatron Core with one edit of ``relative`` (under megatron/core)."""
-    root = megatron_core_root()
-    assert root is not None
-    installed = root.parent
-    copy = tmp_path / "edited"
-    shutil.copytree(installed, copy / "megatron", ignore=shutil.ignore_patterns("__pycache__"))
-    source = copy / "megatron" / "core" / relative
-    text = source.read_text()
-    assert text.count(old) == 1, f"the edit's anchor is not once in {relative}: {old!r}"
-    source.write_text(text.replace(old, new))
-    return copy
-
-
 def _block(stdout: str) -> list[str]:
     """The verdict block: the lines from its '== ' header to the end."""
     lines = stdout.rstrip().splitlines()
@@ -88,7 +74,7 @@ def _block(stdout: str) -> list[str]:
 
 def test_an_edit_that_makes_core_attn_inactive_is_named_on_the_screen(tmp_path):
     # Only change: attention never wraps core attention in its checkpoint.
-    copy = _edited_copy(
+    copy = edited_tree(
         tmp_path,
         "transformer/attention.py",
         'and "core_attn" in self.config.recompute_modules\n',
@@ -122,7 +108,7 @@ def test_an_edit_that_makes_core_attn_inactive_is_named_on_the_screen(tmp_path):
 def test_an_edit_only_the_pipeline_sees_fails_the_main_job_by_label(tmp_path):
     # Full recompute skipped on every stage but the first: a single-process probe (one stage, the
     # first) cannot see it; the PP 2 probe's second stage can.
-    copy = _edited_copy(
+    copy = edited_tree(
         tmp_path,
         "transformer/transformer_block.py",
         "if self.config.recompute_granularity == 'full' and self.training:",
