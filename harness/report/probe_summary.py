@@ -183,6 +183,13 @@ def probe_summary(
             if checking
             else f"goldens written with changes ({len(golden.written)} file(s)); first: {first}"
         )
+    elif golden is not None and checking and any(v.against is not None for v in golden.verdicts):
+        others = ", ".join(
+            dict.fromkeys(v.against_words for v in golden.verdicts if v.against is not None)
+        )
+        summary.verdict = (
+            f"same behaviour as the goldens of {others}: no value changed ({total}/{total})"
+        )
     elif golden is not None and checking:
         summary.verdict = f"recompute behaviour matches its goldens ({total}/{total})"
     elif golden is not None:

@@ -120,3 +120,24 @@ def test_a_tree_without_goldens_of_its_own_names_the_changed_value_not_the_missi
         "layernorm: saves more on dense-tiny (retained -"
     )
     assert len(lines) <= SCREEN_LINES
+
+
+def test_a_tree_without_goldens_of_its_own_and_no_value_changed_passes_as_same_behaviour(
+    dense_probe, tmp_path
+):
+    (written,) = golden_step([dense_probe], write=True, golden_dir=tmp_path).written
+    path = Path(written)
+    golden = json.loads(path.read_text())
+    version = golden["pins"]["megatron_core"]["version"]
+    golden["pins"]["megatron_core"]["fingerprint"] = "0123456789abcdef"
+    other = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
+    other.write_text(json.dumps(golden))
+    path.unlink()
+    summary, lines = _block(
+        dense_probe, golden_step([dense_probe], write=False, golden_dir=tmp_path), checking=True
+    )
+    assert summary.passed
+    assert lines[-1].startswith(
+        f"PASS: same behaviour as the goldens of another fingerprint of {version} (01234567…): "
+        "no value changed (1/1)"
+    )
