@@ -11,15 +11,21 @@ value the golden holds but the record lacks fails. NaN never gets here: records 
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.config.label_facts import LABEL_FACTS
 from harness.errors import UsageError
 from harness.golden.format import (
     Golden,
+    GoldenRow,
+    by_round,
     describe_pins,
+    first_round,
     golden_values,
     identity_differences,
     pins_differences,
@@ -36,6 +42,30 @@ from harness.record.metrics import (
 )
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
+from harness.record.step_time import (
+    Noise,
+    StepTimeRule,
+    as_pct,
+    noise_from_equal_rows,
+    noise_from_repeats,
+    record_steady_time,
+    round_effect,
+    round_index,
+)
+from harness.record.vocabulary import RecordKind
+
+# A row whose peak-allocated saving is within this many percent of zero freed nothing (moe_act on the
+# H200 mcore image: -0.01 %, a 3 MB allocator difference).
+INERT_SAVING_PCT = 0.1
+# Judged together by ``StepTimeRule`` when the golden gives a noise to judge them against: a step time
+# and the throughput it implies (TFLOP/s is the fixed FLOPs of the step over its time) are one
+# measurement, tested once.
+STEP_TIME_METRICS = (
+    MetricName.STEP_TIME_MS,
+    MetricName.STEP_TIME_COST_PCT,
+    MetricName.TFLOPS_PER_GPU,
+    MetricName.TFLOPS_CHANGE_PCT,
+)
 
 
 @dataclass(frozen=True)
@@ -231,9 +261,15 @@ def compare_records(
                 "pass",
             )
         )
+    rounds = by_round(records)
+    if len({len(jobs) for jobs in rounds.values()}) > 1 or any(
+        len({round_index(job) for job in jobs}) != len(jobs) for jobs in rounds.values()
+    ):
+        raise UsageError(
+            "two records share one recompute row and round; compare one record per row and round"
+        )
+    records = first_round(records)
     by_label = {record.label: record for record in records}
-    if len(by_label) != len(records):
-        raise UsageError("two records share one recompute row; compare one record per row")
     control = None
     if golden.judges_effects:
         control = matched_control(records)
@@ -242,6 +278,7 @@ def compare_records(
                 f"{golden_path} judges each row against its [] control, and these records have "
                 "none: measure the [] control in the same sweep"
             )
+    timing = step_time_checks(golden, rounds)
     for row in golden.rows:
         if row.label not in by_label:
             comparison.checks.append(
@@ -275,6 +312,8 @@ def compare_records(
             and (not effect_row or declared_metric(name).scope == "count")
         ]
         inactive = _inactive_verdict(row.values, actual_values) if effect_row else None
+        if timing is not None:
+            judged = [name for name in judged if name not in STEP_TIME_METRICS]
         for metric in judged:
             check = _judge(
                 metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric]
@@ -282,6 +321,8 @@ def compare_records(
             if inactive and metric == MetricName.SAVING_ALLOCATED_PCT and not check.passed:
                 check = replace(check, verdict=inactive)
             comparison.checks.append(replace(check, label=row.label))
+        if timing is not None and row.label in timing:
+            comparison.checks.append(timing[row.label])
     for label in by_label:
         comparison.checks.append(
             MetricCheck(
@@ -295,6 +336,152 @@ def compare_records(
             )
         )
     return comparison
+
+
+def _golden_series(row: GoldenRow) -> list[float] | None:
+    """A golden row's step time per round: its rounds, or a golden of one job per row's one value."""
+    if row.step_time is not None:
+        return list(row.step_time["median_ms"])
+    value = row.values.get(MetricName.STEP_TIME_MS)
+    return None if value is None else [float(value)]
+
+
+def _night_series(jobs: Sequence[Record], steady: bool) -> list[float] | None:
+    """A night's step time per round, read as the golden read its own: each job's steady median
+    (``steady``: a golden in rounds), else its headline (the steady window's mean)."""
+    values: list[float] = []
+    for job in jobs:
+        if steady:
+            found = record_steady_time(job)
+            value: float | None = None if found is None else found.median_ms
+        else:
+            headline = job.headline[MetricName.STEP_TIME_MS]
+            value = None if headline is None else float(headline)
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
+def golden_noise(golden: Golden) -> Noise | None:
+    """The noise a golden's step times are judged against: its own repeats when it has several
+    rounds; else its rows that must equal ``[]`` (``does_nothing``), each an A/A pair; None when it has neither (then its fixed rules judge step time)."""
+    control_row = next((row for row in golden.rows if row.recompute.is_control), None)
+    control = None if control_row is None else _golden_series(control_row)
+    if control_row is None or control is None:
+        return None
+    effects = {
+        row.label: round_effect(series, control)
+        for row in golden.rows
+        if not row.recompute.is_control and (series := _golden_series(row)) is not None
+    }
+    if len(control) > 1:
+        return noise_from_repeats(
+            list(effects.values()), control, f"the golden's {len(control)} rounds"
+        )
+    inert = {
+        row.label: effects[row.label]
+        for row in golden.rows
+        if row.label in effects and does_nothing(golden, row)
+    }
+    found = noise_from_equal_rows(inert)
+    return (
+        None if found is None else replace(found, source=f"{found.source} of the golden's 1 round")
+    )
+
+
+def does_nothing(golden: Golden, row: GoldenRow) -> bool:
+    """A row that must time as ``[]``: its label is implemented only by a Transformer Engine class, the
+    golden's measured stack has no TE (Megatron Core accepts the label and ignores it: ``moe_act`` with
+    SequentialMLP experts on the mcore image), and the row indeed freed no memory."""
+    facts = LABEL_FACTS.get(row.label)
+    saving = row.values.get(MetricName.SAVING_ALLOCATED_PCT)
+    return (
+        golden.kind == RecordKind.RUN
+        and not golden.pins.get("transformer_engine")
+        and facts is not None
+        and facts.te_class is not None
+        and saving is not None
+        and abs(saving) < INERT_SAVING_PCT
+    )
+
+
+def step_time_checks(
+    golden: Golden, rounds: dict[str, list[Record]]
+) -> dict[str, MetricCheck] | None:
+    """Each row's step-time line, judged in rounds against the golden's noise (``StepTimeRule``):
+    the control by its absolute time, every other row by its effect against the control of its own
+    round. None when the golden gives no noise: its fixed rules judge step time then."""
+    noise = golden_noise(golden)
+    control_row = next((row for row in golden.rows if row.recompute.is_control), None)
+    if noise is None or control_row is None or control_row.label not in rounds:
+        return None
+    steady = control_row.step_time is not None
+    golden_control = _golden_series(control_row)
+    night_control = _night_series(rounds[control_row.label], steady)
+    if golden_control is None or night_control is None:
+        return None
+    pairs: dict[str, tuple[list[float], list[float]]] = {}
+    for row in golden.rows:
+        if row.recompute.is_control or row.label not in rounds:
+            continue
+        golden_series, night_series = _golden_series(row), _night_series(rounds[row.label], steady)
+        if golden_series is not None and night_series is not None:
+            pairs[row.label] = (golden_series, night_series)
+    rule = StepTimeRule(noise, len(pairs) + 1, len(night_control), len(golden_control))
+    checks = {control_row.label: _absolute_check(rule, golden_control, night_control)}
+    checks[control_row.label] = replace(checks[control_row.label], label=control_row.label)
+    for label, (golden_series, night_series) in pairs.items():
+        before = round_effect(golden_series, golden_control)
+        now = round_effect(night_series, night_control)
+        tolerance = rule.effect_tolerance()
+        verdict = (
+            "pass"
+            if abs(now.mean - before.mean) <= tolerance
+            else _direction(MetricName.STEP_TIME_COST_PCT, before.pct, now.pct, effect=True)
+        )
+        shown = rule.describe(tolerance, rule.detectable_effect())
+        if now.standard_error is not None:
+            shown = f"tonight ±{as_pct(now.standard_error):.1f} pp s.e.; {shown}"
+        checks[label] = MetricCheck(
+            label,
+            MetricName.STEP_TIME_COST_PCT,
+            before.pct,
+            now.pct,
+            None,
+            shown,
+            verdict,
+            now.pct - before.pct,
+        )
+    return checks
+
+
+def _absolute_check(
+    rule: StepTimeRule, golden_ms: list[float], night_ms: list[float]
+) -> MetricCheck:
+    """The control's step time against the golden's (same device class: compare refuses others)."""
+    before, now = _geometric_mean(golden_ms), _geometric_mean(night_ms)
+    change = math.log(now / before)
+    tolerance = rule.absolute_tolerance()
+    verdict = (
+        "pass"
+        if abs(change) <= tolerance
+        else _direction(MetricName.STEP_TIME_MS, before, now, effect=False)
+    )
+    return MetricCheck(
+        "",
+        MetricName.STEP_TIME_MS,
+        before,
+        now,
+        as_pct(change),
+        rule.describe(tolerance, rule.detectable_absolute()),
+        verdict,
+        now - before,
+    )
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(value) for value in values))
 
 
 # Across revisions a card study is judged by its effects only, each within half the smallest gap the

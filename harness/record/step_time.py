@@ -1,0 +1,229 @@
+"""Step time in rounds, judged against measured noise (issue 42; docs/goldens.md, "Step time").
+
+One job's step times are not one number: the series warms up (compilation, the allocator, clocks),
+then jitters. And two jobs of the same work differ by more than the jitter inside one: each process
+has a performance of its own. So a row's step time is measured in *rounds* (every row once per round,
+in rotated order) and read here:
+
+- ``steady_time``: where warm-up ends, found from the series itself (the first block of iterations
+  whose median is no longer above the median of what follows), and the median of what is left;
+- ``round_effect``: a row's effect, the mean over rounds of ``log(row / [] of the same round)``, with
+  its standard error when there are several rounds;
+- ``Noise``: the spread of one round's log-ratio between two rows that do the same work, measured
+  from a golden's repeats, or, for a golden of one round, from its rows that must equal ``[]`` (a
+  label Megatron Core accepts and ignores on that stack: ``harness.golden.judge.does_nothing``);
+- ``StepTimeRule``: the decision. Every step-time test of a night (each row's effect, the control's
+  absolute time) shares one false-alarm budget (``FAMILY_ALPHA``, Bonferroni); a difference beyond
+  ``z * sd * sqrt(1/N + 1/G)`` (N rounds tonight, G in the golden) fails, and the change it would catch
+  nine times in ten is stated beside it (``detectable``).
+
+Times are compared as logs: a ratio of step times is what a recompute changes, and a job's speed
+multiplies every iteration.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from harness.record.model import Record
+
+# A night of no change fails at most this often, all its step-time tests together.
+FAMILY_ALPHA = 0.01
+# The power ``detectable`` is stated at: the smallest change caught nine nights in ten.
+DETECTION_POWER = 0.9
+# Warm-up: a block of this many iterations is compared with the median of everything after it ...
+WARMUP_BLOCK = 5
+# ... and has stopped falling once its median is within this fraction of that median.
+WARMUP_SLACK = 0.02
+# At least this many steady iterations are kept, settled or not.
+MIN_STEADY = 5
+# The record's ``workload.extra`` key of the round a job ran in (1-based); absent: one job per row.
+ROUND_KEY = "round"
+
+
+@dataclass(frozen=True)
+class SteadyTime:
+    """One job's steady step time: the iterations its warm-up took, and the median of the rest."""
+
+    warmup: int  # iterations dropped from the start of the series
+    steady: int  # iterations the median is taken over
+    median_ms: float
+    # False: the series was still falling at its end; the last MIN_STEADY iterations were taken.
+    settled: bool
+
+
+def steady_time(times_ms: Sequence[float]) -> SteadyTime:
+    """Find the end of warm-up in ``times_ms`` (one job's iterations in order) and take the median
+    after it. The first iteration (compilation, first allocations) is always warm-up."""
+    if len(times_ms) < MIN_STEADY + 1:
+        raise ValueError(
+            f"{len(times_ms)} iterations: a steady time needs at least {MIN_STEADY + 1}"
+        )
+    last_start = len(times_ms) - MIN_STEADY
+    for start in range(1, last_start + 1):
+        block = times_ms[start : start + WARMUP_BLOCK]
+        after = times_ms[start + WARMUP_BLOCK :]
+        if not after or statistics.median(block) <= (1 + WARMUP_SLACK) * statistics.median(after):
+            return _steady(times_ms, start, settled=bool(after))
+    return _steady(times_ms, last_start, settled=False)
+
+
+def round_index(record: Record) -> int:
+    """The round ``record``'s job ran in: 1 for a sweep of one job per row."""
+    return int(record.workload.extra.get(ROUND_KEY, "1"))
+
+
+def in_rounds(record: Record) -> bool:
+    """Whether ``record`` was measured as one round of several (``run --rounds``)."""
+    return ROUND_KEY in record.workload.extra
+
+
+def record_steady_time(record: Record) -> SteadyTime | None:
+    """The steady time of ``record``'s job; None when it did not time enough iterations."""
+    times = [
+        row.step_time_ms
+        for row in record.run_metrics.iterations
+        if row.step_time_ms is not None and not row.skipped and not row.nan
+    ]
+    return steady_time(times) if len(times) > MIN_STEADY else None
+
+
+def _steady(times_ms: Sequence[float], start: int, *, settled: bool) -> SteadyTime:
+    kept = times_ms[start:]
+    return SteadyTime(start, len(kept), float(statistics.median(kept)), settled)
+
+
+@dataclass(frozen=True)
+class RoundEffect:
+    """A row's step-time effect against the control over rounds, in log units."""
+
+    log_ratios: tuple[float, ...]  # one per round: log(row / control of the same round)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.log_ratios)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.log_ratios)
+
+    @property
+    def standard_error(self) -> float | None:
+        """None with one round: nothing to measure a spread from."""
+        if self.rounds < 2:
+            return None
+        return statistics.stdev(self.log_ratios) / math.sqrt(self.rounds)
+
+    @property
+    def pct(self) -> float:
+        return as_pct(self.mean)
+
+
+def round_effect(row_ms: Sequence[float], control_ms: Sequence[float]) -> RoundEffect:
+    """``row_ms[i]`` and ``control_ms[i]`` are the steady times of round ``i``."""
+    if len(row_ms) != len(control_ms) or not row_ms:
+        raise ValueError(f"{len(row_ms)} rounds of the row, {len(control_ms)} of the control")
+    return RoundEffect(tuple(math.log(r / c) for r, c in zip(row_ms, control_ms)))
+
+
+def as_pct(log_value: float) -> float:
+    """A log ratio as a percent change."""
+    return (math.exp(log_value) - 1.0) * 100.0
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The spread of one round's ``log(a / b)`` for two rows of the same work: the within-job jitter
+    of both medians and the between-job difference of both processes."""
+
+    pair_sd: float
+    df: int  # degrees of freedom of the estimate
+    source: str  # where it was measured, in words
+
+    @property
+    def job_sd(self) -> float:
+        """One job's own spread (an absolute time, not a pair): the pair's over sqrt 2."""
+        return self.pair_sd / math.sqrt(2)
+
+    @property
+    def pct(self) -> float:
+        return as_pct(self.pair_sd)
+
+
+def noise_from_repeats(
+    effects: Sequence[RoundEffect], control_ms: Sequence[float], source: str
+) -> Noise | None:
+    """The pooled spread of a golden's repeated rounds: each row's log-ratios about their mean, and
+    the control's log times about theirs (a pair's variance is two jobs'). None with one round."""
+    squares, df = 0.0, 0
+    for effect in effects:
+        if effect.rounds > 1:
+            squares += sum((d - effect.mean) ** 2 for d in effect.log_ratios)
+            df += effect.rounds - 1
+    if len(control_ms) > 1:
+        logs = [math.log(t) for t in control_ms]
+        centre = statistics.fmean(logs)
+        squares += 2 * sum((x - centre) ** 2 for x in logs)
+        df += len(logs) - 1
+    if df == 0:
+        return None
+    return Noise(math.sqrt(squares / df), df, source)
+
+
+def noise_from_equal_rows(pairs: dict[str, RoundEffect]) -> Noise | None:
+    """The spread of rows that must equal the control (``pairs``: label -> its effect), each round an
+    A/A pair whose true log-ratio is zero: the root mean square of every such log-ratio."""
+    values = [d for effect in pairs.values() for d in effect.log_ratios]
+    if not values:
+        return None
+    sd = math.sqrt(statistics.fmean(d * d for d in values))
+    labels = " = ".join(["[]", *sorted(pairs)])
+    return Noise(sd, len(values), f"A/A rows {labels}")
+
+
+@dataclass(frozen=True)
+class StepTimeRule:
+    """The night's step-time decision: ``tests`` tests share ``FAMILY_ALPHA``; ``night_rounds``
+    against ``golden_rounds``, judged against ``noise``."""
+
+    noise: Noise
+    tests: int
+    night_rounds: int
+    golden_rounds: int
+
+    @property
+    def z(self) -> float:
+        return statistics.NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * self.tests))
+
+    @property
+    def _scale(self) -> float:
+        return math.sqrt(1 / self.night_rounds + 1 / self.golden_rounds)
+
+    def effect_tolerance(self) -> float:
+        """The largest |night effect - golden effect| (log units) that passes."""
+        return self.z * self.noise.pair_sd * self._scale
+
+    def absolute_tolerance(self) -> float:
+        """The largest |log(night control / golden control)| that passes."""
+        return self.z * self.noise.job_sd * self._scale
+
+    def detectable_effect(self) -> float:
+        """The smallest change of a row's effect (log units) caught with ``DETECTION_POWER``."""
+        return self._detectable(self.noise.pair_sd)
+
+    def detectable_absolute(self) -> float:
+        return self._detectable(self.noise.job_sd)
+
+    def _detectable(self, sd: float) -> float:
+        return (self.z + statistics.NormalDist().inv_cdf(DETECTION_POWER)) * sd * self._scale
+
+    def describe(self, tolerance: float, detectable: float) -> str:
+        """What a step-time line was judged against, for its tolerance column."""
+        return (
+            f"±{as_pct(tolerance):.1f} pp ({self.night_rounds} round(s) vs the golden's "
+            f"{self.golden_rounds}; noise {self.noise.pct:.1f} % per round from {self.noise.source}; "
+            f"{self.tests} tests share {FAMILY_ALPHA:.0%}; detectable >= {as_pct(detectable):.0f} pp)"
+        )
