@@ -11,8 +11,6 @@ value the golden holds but the record lacks fails. NaN never gets here: records 
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,11 +22,9 @@ from harness.golden.format import (
     Golden,
     GoldenRow,
     by_round,
-    describe_pins,
     first_round,
     golden_values,
     identity_differences,
-    pins_differences,
 )
 from harness.golden.store import near_misses
 from harness.record.effects import matched_control
@@ -44,8 +40,10 @@ from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
 from harness.record.step_time import (
     Noise,
+    StepTimeDecision,
     StepTimeRule,
     as_pct,
+    decide,
     noise_from_equal_rows,
     noise_from_repeats,
     record_steady_time,
@@ -409,153 +407,44 @@ def does_nothing(golden: Golden, row: GoldenRow) -> bool:
 def step_time_checks(
     golden: Golden, rounds: dict[str, list[Record]]
 ) -> dict[str, MetricCheck] | None:
-    """Each row's step-time line, judged in rounds against the golden's noise (``StepTimeRule``):
-    the control by its absolute time, every other row by its effect against the control of its own
-    round. None when the golden gives no noise: its fixed rules judge step time then."""
+    """Each row's step-time line (``harness.record.step_time.decide``), judged in rounds against the
+    golden's noise: the control by its absolute time, every other row by its effect against the
+    control of its own round. None when the golden gives no noise: its fixed rules judge step time."""
     noise = golden_noise(golden)
     control_row = next((row for row in golden.rows if row.recompute.is_control), None)
     if noise is None or control_row is None or control_row.label not in rounds:
         return None
     steady = control_row.step_time is not None
-    golden_control = _golden_series(control_row)
-    night_control = _night_series(rounds[control_row.label], steady)
-    if golden_control is None or night_control is None:
-        return None
-    pairs: dict[str, tuple[list[float], list[float]]] = {}
+    golden_ms: dict[str, list[float]] = {}
+    night_ms: dict[str, list[float]] = {}
     for row in golden.rows:
-        if row.recompute.is_control or row.label not in rounds:
-            continue
-        golden_series, night_series = _golden_series(row), _night_series(rounds[row.label], steady)
-        if golden_series is not None and night_series is not None:
-            pairs[row.label] = (golden_series, night_series)
-    rule = StepTimeRule(noise, len(pairs) + 1, len(night_control), len(golden_control))
-    checks = {control_row.label: _absolute_check(rule, golden_control, night_control)}
-    checks[control_row.label] = replace(checks[control_row.label], label=control_row.label)
-    for label, (golden_series, night_series) in pairs.items():
-        before = round_effect(golden_series, golden_control)
-        now = round_effect(night_series, night_control)
-        tolerance = rule.effect_tolerance()
-        verdict = (
-            "pass"
-            if abs(now.mean - before.mean) <= tolerance
-            else _direction(MetricName.STEP_TIME_COST_PCT, before.pct, now.pct, effect=True)
-        )
-        shown = rule.describe(tolerance, rule.detectable_effect())
-        if now.standard_error is not None:
-            shown = f"tonight ±{as_pct(now.standard_error):.1f} pp s.e.; {shown}"
-        checks[label] = MetricCheck(
-            label,
-            MetricName.STEP_TIME_COST_PCT,
-            before.pct,
-            now.pct,
-            None,
-            shown,
-            verdict,
-            now.pct - before.pct,
-        )
-    return checks
+        before = _golden_series(row)
+        now = None if row.label not in rounds else _night_series(rounds[row.label], steady)
+        if before is not None and now is not None:
+            golden_ms[row.label], night_ms[row.label] = before, now
+    if control_row.label not in golden_ms:
+        return None
+    rule, decisions = decide(golden_ms, night_ms, control_row.label, noise)
+    return {label: _check(label, rule, decision) for label, decision in decisions.items()}
 
 
-def _absolute_check(
-    rule: StepTimeRule, golden_ms: list[float], night_ms: list[float]
-) -> MetricCheck:
-    """The control's step time against the golden's (same device class: compare refuses others)."""
-    before, now = _geometric_mean(golden_ms), _geometric_mean(night_ms)
-    change = math.log(now / before)
-    tolerance = rule.absolute_tolerance()
+def _check(label: str, rule: StepTimeRule, decision: StepTimeDecision) -> MetricCheck:
+    metric = MetricName.STEP_TIME_MS if decision.absolute else MetricName.STEP_TIME_COST_PCT
+    shown = rule.describe(decision.tolerance, decision.detectable)
+    if decision.night_standard_error is not None:
+        shown = f"tonight ±{as_pct(decision.night_standard_error):.1f} pp s.e.; {shown}"
     verdict = (
         "pass"
-        if abs(change) <= tolerance
-        else _direction(MetricName.STEP_TIME_MS, before, now, effect=False)
+        if decision.passed
+        else _direction(metric, decision.golden, decision.night, effect=not decision.absolute)
     )
     return MetricCheck(
-        "",
-        MetricName.STEP_TIME_MS,
-        before,
-        now,
-        as_pct(change),
-        rule.describe(tolerance, rule.detectable_absolute()),
+        label,
+        metric,
+        decision.golden,
+        decision.night,
+        as_pct(decision.change) if decision.absolute else None,
+        shown,
         verdict,
-        now - before,
+        decision.night - decision.golden,
     )
-
-
-def _geometric_mean(values: Sequence[float]) -> float:
-    return math.exp(statistics.fmean(math.log(value) for value in values))
-
-
-# Across revisions a card study is judged by its effects only, each within half the smallest gap the
-# card's own conclusions rest on (docs/runner.md, "The seed studies, every night"): Moonlight's savings
-# split into "none" (core_attn 0.01 %) and "about 1.9 %" (1.83-1.96 %), a 1.82 pp gap; its costs rank
-# moe_act (1.99 %) below core_attn (3.85 %), a 1.86 pp gap. Within 0.9 pp every such conclusion holds.
-EFFECT_ONLY_TOLERANCE: dict[str, dict[str, Any]] = {
-    MetricName.SAVING_ALLOCATED_PCT: {"mode": "absolute", "abs": 0.9},
-    MetricName.STEP_TIME_COST_PCT: {"mode": "absolute", "abs": 0.9},
-}
-
-
-def compare_effects(golden: Golden, records: Sequence[Record], golden_path: str) -> Comparison:
-    """Judge ``records`` of other revisions than ``golden``'s by their effects alone: each row's saving
-    and step-time cost against the ``[]`` control of its own set, and its pass/OOM stage, against the
-    golden's (``EFFECT_ONLY_TOLERANCE``). Absolute values are never judged across revisions. Recipe and
-    hardware must still be the golden's (``UsageError`` otherwise)."""
-    for record in records:
-        if record.workload.recipe != golden.recipe or record.hardware.profile() != golden.hardware:
-            raise UsageError(
-                f"refusing to compare record {record.id} with {golden_path}: recipe or hardware differ "
-                f"({record.workload.recipe} on {record.hardware.profile()}, golden {golden.recipe} on "
-                f"{golden.hardware})"
-            )
-    control = matched_control(records)
-    if control is None:
-        raise UsageError(
-            f"{golden_path}: an effect-only comparison needs the [] control measured in the same sweep"
-        )
-    pins = control.pins()
-    comparison = Comparison(
-        golden_path=golden_path,
-        recipe=golden.recipe,
-        effect_only=(
-            f"effect-only: these records' revisions ({describe_pins(pins)}) are not the golden's "
-            f"({describe_pins(golden.pins)}; differs in {', '.join(pins_differences(golden, pins))}): "
-            "each row's saving, cost and stage against its own [] control are judged, no absolute value"
-        ),
-    )
-    by_label: dict[str, Record | None] = {record.label: record for record in records}
-    for row in golden.rows:
-        measured = by_label.pop(row.label, None)
-        if measured is None:
-            comparison.checks.append(
-                MetricCheck(
-                    row.label, "row", "present", "missing", None, "exact", "FAIL: row not measured"
-                )
-            )
-            continue
-        stage = measured.outcome.stage()
-        comparison.checks.append(
-            MetricCheck(
-                row.label,
-                "outcome",
-                _stage_text(row.outcome),
-                _stage_text(stage),
-                None,
-                "at the golden's precision",
-                _outcome_verdict(row.outcome, stage),
-            )
-        )
-        if row.recompute.is_control:
-            continue
-        actual = golden_values(measured, golden.peak_scope, control)
-        inactive = _inactive_verdict(row.values, actual)
-        for metric, rule in EFFECT_ONLY_TOLERANCE.items():
-            if metric not in row.values:
-                continue
-            check = _judge(metric, row.values[metric], actual.get(metric), rule)
-            if inactive and metric == MetricName.SAVING_ALLOCATED_PCT and not check.passed:
-                check = replace(check, verdict=inactive)
-            comparison.checks.append(replace(check, label=row.label))
-    for label in by_label:
-        comparison.checks.append(
-            MetricCheck(label, "row", "absent", "present", None, "exact", "FAIL: row not in golden")
-        )
-    return comparison

@@ -36,7 +36,8 @@ FAMILY_ALPHA = 0.01
 DETECTION_POWER = 0.9
 # Warm-up: a block of this many iterations is compared with the median of everything after it ...
 WARMUP_BLOCK = 5
-# ... and has stopped falling once its median is within this fraction of that median.
+# ... and has stopped falling once its median is within this fraction of that median, or within the
+# median absolute deviation of what follows, whichever is wider (a jittery series settles sooner).
 WARMUP_SLACK = 0.02
 # At least this many steady iterations are kept, settled or not.
 MIN_STEADY = 5
@@ -66,8 +67,13 @@ def steady_time(times_ms: Sequence[float]) -> SteadyTime:
     for start in range(1, last_start + 1):
         block = times_ms[start : start + WARMUP_BLOCK]
         after = times_ms[start + WARMUP_BLOCK :]
-        if not after or statistics.median(block) <= (1 + WARMUP_SLACK) * statistics.median(after):
-            return _steady(times_ms, start, settled=bool(after))
+        if not after:
+            break
+        level = statistics.median(after)
+        # Within the jitter of what follows (its median absolute deviation), a block is no higher.
+        jitter = statistics.median(abs(time - level) for time in after)
+        if statistics.median(block) <= level + max(WARMUP_SLACK * level, jitter):
+            return _steady(times_ms, start, settled=True)
     return _steady(times_ms, last_start, settled=False)
 
 
@@ -227,3 +233,60 @@ class StepTimeRule:
             f"{self.golden_rounds}; noise {self.noise.pct:.1f} % per round from {self.noise.source}; "
             f"{self.tests} tests share {FAMILY_ALPHA:.0%}; detectable >= {as_pct(detectable):.0f} pp)"
         )
+
+
+@dataclass(frozen=True)
+class StepTimeDecision:
+    """One row's step-time test: the control by its absolute time (``golden``/``night`` in ms, the
+    geometric mean over rounds), any other row by its effect (percent against the control of its own
+    round, the mean log-ratio over rounds)."""
+
+    absolute: bool
+    golden: float
+    night: float
+    change: float  # log units: night against golden
+    tolerance: float  # log units
+    detectable: float  # log units
+    night_standard_error: float | None  # log units, an effect's over several rounds tonight
+
+    @property
+    def passed(self) -> bool:
+        return abs(self.change) <= self.tolerance
+
+
+def decide(
+    golden_ms: dict[str, list[float]], night_ms: dict[str, list[float]], control: str, noise: Noise
+) -> tuple[StepTimeRule, dict[str, StepTimeDecision]]:
+    """Every row's step-time test of one night (rows: label -> steady time per round, the control's
+    under ``control``), all sharing ``FAMILY_ALPHA``. Rows missing from either side are not tested."""
+    rows = [label for label in golden_ms if label != control and label in night_ms]
+    rule = StepTimeRule(noise, len(rows) + 1, len(night_ms[control]), len(golden_ms[control]))
+    before_ms, now_ms = _geometric_mean(golden_ms[control]), _geometric_mean(night_ms[control])
+    decisions = {
+        control: StepTimeDecision(
+            True,
+            before_ms,
+            now_ms,
+            math.log(now_ms / before_ms),
+            rule.absolute_tolerance(),
+            rule.detectable_absolute(),
+            None,
+        )
+    }
+    for label in rows:
+        before = round_effect(golden_ms[label], golden_ms[control])
+        now = round_effect(night_ms[label], night_ms[control])
+        decisions[label] = StepTimeDecision(
+            False,
+            before.pct,
+            now.pct,
+            now.mean - before.mean,
+            rule.effect_tolerance(),
+            rule.detectable_effect(),
+            now.standard_error,
+        )
+    return rule, decisions
+
+
+def _geometric_mean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(value) for value in values))
