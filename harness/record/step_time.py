@@ -142,17 +142,18 @@ def as_pct(log_value: float) -> float:
 
 @dataclass(frozen=True)
 class Noise:
-    """The spread of one round's ``log(a / b)`` for two rows of the same work: the within-job jitter
-    of both medians and the between-job difference of both processes."""
+    """What a night's step times are judged against: the spread of one round's ``log(a / b)`` for two
+    rows of the same work (the within-job jitter of both medians and the between-job difference of
+    both processes), and of one job's own log time (the control's absolute time)."""
 
     pair_sd: float
-    df: int  # degrees of freedom of the estimate
+    pair_df: int  # degrees of freedom of each estimate
+    job_sd: float
+    job_df: int
     source: str  # where it was measured, in words
-
-    @property
-    def job_sd(self) -> float:
-        """One job's own spread (an absolute time, not a pair): the pair's over sqrt 2."""
-        return self.pair_sd / math.sqrt(2)
+    # True: a term measured elsewhere and taken as known (normal quantiles); False: estimated from the
+    # golden's own repeats (Student's t at its degrees of freedom, as few repeats earn).
+    known: bool
 
     @property
     def pct(self) -> float:
@@ -162,32 +163,78 @@ class Noise:
 def noise_from_repeats(
     effects: Sequence[RoundEffect], control_ms: Sequence[float], source: str
 ) -> Noise | None:
-    """The pooled spread of a golden's repeated rounds: each row's log-ratios about their mean, and
-    the control's log times about theirs (a pair's variance is two jobs'). None with one round."""
-    squares, df = 0.0, 0
-    for effect in effects:
-        if effect.rounds > 1:
-            squares += sum((d - effect.mean) ** 2 for d in effect.log_ratios)
-            df += effect.rounds - 1
-    if len(control_ms) > 1:
-        logs = [math.log(t) for t in control_ms]
-        centre = statistics.fmean(logs)
-        squares += 2 * sum((x - centre) ** 2 for x in logs)
-        df += len(logs) - 1
-    if df == 0:
+    """The spread of a golden's repeated rounds: each row's log-ratios about their mean, pooled over
+    rows; the control's log times about theirs. None with one round."""
+    if len(control_ms) < 2:
         return None
-    return Noise(math.sqrt(squares / df), df, source)
+    logs = [math.log(t) for t in control_ms]
+    centre = statistics.fmean(logs)
+    job_df = len(logs) - 1
+    job_sd = math.sqrt(sum((x - centre) ** 2 for x in logs) / job_df)
+    squares = sum((d - e.mean) ** 2 for e in effects if e.rounds > 1 for d in e.log_ratios)
+    pair_df = sum(e.rounds - 1 for e in effects if e.rounds > 1)
+    if pair_df == 0:  # a control alone: a pair is two such jobs
+        return Noise(job_sd * math.sqrt(2), job_df, job_sd, job_df, source, known=False)
+    return Noise(math.sqrt(squares / pair_df), pair_df, job_sd, job_df, source, known=False)
 
 
 def noise_from_equal_rows(pairs: dict[str, RoundEffect]) -> Noise | None:
     """The spread of rows that must equal the control (``pairs``: label -> its effect), each round an
-    A/A pair whose true log-ratio is zero: the root mean square of every such log-ratio."""
+    A/A pair whose true log-ratio is zero: the root mean square of every such log-ratio, taken as a
+    known between-job term (one job's: a pair's over sqrt 2)."""
     values = [d for effect in pairs.values() for d in effect.log_ratios]
     if not values:
         return None
     sd = math.sqrt(statistics.fmean(d * d for d in values))
     labels = " = ".join(["[]", *sorted(pairs)])
-    return Noise(sd, len(values), f"A/A rows {labels}")
+    return Noise(sd, len(values), sd / math.sqrt(2), len(values), f"A/A rows {labels}", known=True)
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` degrees of freedom (bisection on
+    its distribution function; no SciPy in the stack)."""
+    low, high = 0.0, 1.0
+    while _t_cdf(high, df) < p:
+        low, high = high, high * 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for t >= 0: 1 - I_x(df/2, 1/2) / 2 with x = df / (df + t^2)."""
+    return 1.0 - 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges on the other side
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(
+        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    )
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    result = d
+    for m in range(1, 300):
+        for numerator in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1.0 + numerator * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + numerator / c
+            c = c if abs(c) > tiny else tiny
+            result *= c * d
+        if abs(c * d - 1.0) < 1e-15:
+            break
+    return front * result / a
 
 
 @dataclass(frozen=True)
@@ -200,9 +247,15 @@ class StepTimeRule:
     night_rounds: int
     golden_rounds: int
 
-    @property
-    def z(self) -> float:
-        return statistics.NormalDist().inv_cdf(1 - FAMILY_ALPHA / (2 * self.tests))
+    def quantile(self, p: float, df: int) -> float:
+        """A known noise: the normal quantile; one estimated from repeats: Student's t at its df."""
+        if self.noise.known:
+            return statistics.NormalDist().inv_cdf(p)
+        return t_quantile(p, df)
+
+    def critical(self, df: int) -> float:
+        """The two-sided Bonferroni critical value of one of ``tests`` tests."""
+        return self.quantile(1 - FAMILY_ALPHA / (2 * self.tests), df)
 
     @property
     def _scale(self) -> float:
@@ -210,27 +263,29 @@ class StepTimeRule:
 
     def effect_tolerance(self) -> float:
         """The largest |night effect - golden effect| (log units) that passes."""
-        return self.z * self.noise.pair_sd * self._scale
+        return self.critical(self.noise.pair_df) * self.noise.pair_sd * self._scale
 
     def absolute_tolerance(self) -> float:
         """The largest |log(night control / golden control)| that passes."""
-        return self.z * self.noise.job_sd * self._scale
+        return self.critical(self.noise.job_df) * self.noise.job_sd * self._scale
 
     def detectable_effect(self) -> float:
         """The smallest change of a row's effect (log units) caught with ``DETECTION_POWER``."""
-        return self._detectable(self.noise.pair_sd)
+        return self._detectable(self.noise.pair_sd, self.noise.pair_df)
 
     def detectable_absolute(self) -> float:
-        return self._detectable(self.noise.job_sd)
+        return self._detectable(self.noise.job_sd, self.noise.job_df)
 
-    def _detectable(self, sd: float) -> float:
-        return (self.z + statistics.NormalDist().inv_cdf(DETECTION_POWER)) * sd * self._scale
+    def _detectable(self, sd: float, df: int) -> float:
+        power = self.quantile(DETECTION_POWER, df)
+        return (self.critical(df) + power) * sd * self._scale
 
     def describe(self, tolerance: float, detectable: float) -> str:
         """What a step-time line was judged against, for its tolerance column."""
         return (
             f"±{as_pct(tolerance):.1f} pp ({self.night_rounds} round(s) vs the golden's "
-            f"{self.golden_rounds}; noise {self.noise.pct:.1f} % per round from {self.noise.source}; "
+            f"{self.golden_rounds}; noise {self.noise.pct:.1f} % per round from {self.noise.source}"
+            f"{'' if self.noise.known else f', t at {self.noise.pair_df} df'}; "
             f"{self.tests} tests share {FAMILY_ALPHA:.0%}; detectable >= {as_pct(detectable):.0f} pp)"
         )
 

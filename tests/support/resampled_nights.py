@@ -38,6 +38,17 @@ def landed_json() -> list[dict[str, Any]]:
     return [record.to_json() for record in landed_records()]
 
 
+def resampled_times(
+    times: list[float], first: int, rng: random.Random, factor: float, length: int | None = None
+) -> list[float]:
+    """``times`` (one job's iterations, 1-based ``first`` the first steady one) rerun: the warm-up
+    before ``first`` kept, the steady iterations drawn with replacement from the job's own (``length``
+    iterations in all: a longer job than the landed one), every one scaled by ``factor``."""
+    steady = times[first - 1 :]
+    drawn = [rng.choice(steady) for _ in range((length or len(times)) - first + 1)]
+    return [time * factor for time in times[: first - 1] + drawn]
+
+
 def resampled_job(
     landed: dict[str, Any],
     rng: random.Random,
@@ -54,15 +65,11 @@ def resampled_job(
     metrics = data["metrics"]
     window = metrics["steady_window"]
     iterations = metrics["iterations"]
-    if round_number is None:
-        first = window["first"]
-    else:
-        first = steady_time([row["step_time_ms"] for row in iterations]).warmup + 1
-    steady = [row["step_time_ms"] for row in iterations if row["iteration"] >= first]
+    times = [row["step_time_ms"] for row in iterations]
+    first = window["first"] if round_number is None else steady_time(times).warmup + 1
     factor = math.exp(rng.gauss(0.0, between_job)) * slower
-    for row in iterations:
-        time = rng.choice(steady) if row["iteration"] >= first else row["step_time_ms"]
-        row["step_time_ms"] = time * factor
+    for row, time in zip(iterations, resampled_times(times, first, rng, factor)):
+        row["step_time_ms"] = time
     metrics["headline"][MetricName.STEP_TIME_MS] = statistics.fmean(
         row["step_time_ms"]
         for row in iterations

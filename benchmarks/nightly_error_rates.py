@@ -1,0 +1,163 @@
+"""The nightly step-time rule's error rates (issue 42): how often a night of no change fails, and how
+often a real +5 % change of one row is caught, by rounds and by between-job noise.
+
+Inputs: the landed H200 records (tests/measured/gpu-check-h200-20261204), each job's steady iterations
+resampled with replacement after the warm-up ``steady_time`` finds (its warm-up kept), and every job
+scaled by a simulated between-job factor ``exp(N(0, s))``, s = 0, 2, 5, 10 %. A golden of R rounds and a
+night of R rounds are drawn independently; the night is judged by ``harness.record.step_time.decide``
+against the golden's own repeats (``noise_from_repeats``; with one round, its A/A rows: ``moe_act`` is
+inert on that image), exactly as ``compare`` judges a golden written from rounds.
+
+- false alarm: a night of no change with any step-time test failed (all rows and the control's
+  absolute time together: the family-wise rate, budget ``FAMILY_ALPHA`` = 1 %);
+- power: one row (each in turn) made 5 % slower in every iteration, and that row's effect failed;
+- rounds needed: the fewest R of the grid with false alarms <= 1 % and power >= 90 %.
+
+``--iterations`` lengthens each job (more steady iterations drawn from the same ones): the other
+lever against within-job noise. On the H200 one job of 20 iterations took about 21 s of wall time
+(record timestamps 06:30:30 -> 06:31:54 for 5 jobs), so a round of 5 rows costs ~105 s.
+
+    ./venv-run python benchmarks/nightly_error_rates.py            # 20 iterations per job
+    ./venv-run python benchmarks/nightly_error_rates.py --iterations 60 --nights 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+
+from resampled_nights import landed_records, resampled_times
+
+from harness.record.step_time import (
+    DETECTION_POWER,
+    FAMILY_ALPHA,
+    as_pct,
+    decide,
+    noise_from_equal_rows,
+    noise_from_repeats,
+    round_effect,
+    steady_time,
+)
+
+CONTROL = "[]"
+INERT = "moe_act"  # SequentialMLP experts ignore it on the landed image (harness.golden.judge.does_nothing)
+NOISE_LEVELS = (0.0, 0.02, 0.05, 0.10)
+ROUNDS = (1, 2, 4, 8, 16, 32)
+CHANGE = 1.05
+
+
+def _jobs() -> dict[str, tuple[list[float], int]]:
+    """label -> (its landed iterations, its first steady iteration)."""
+    jobs = {}
+    for record in landed_records():
+        times = [float(row.step_time_ms or 0.0) for row in record.run_metrics.iterations]
+        jobs[record.label] = (times, steady_time(times).warmup + 1)
+    return jobs
+
+
+def _rounds(
+    jobs: dict[str, tuple[list[float], int]],
+    rounds: int,
+    between_job: float,
+    rng: random.Random,
+    iterations: int,
+    slower: str | None = None,
+) -> dict[str, list[float]]:
+    """label -> each round's steady median, as ``compare`` reads a sweep in rounds."""
+    series: dict[str, list[float]] = {label: [] for label in jobs}
+    for _ in range(rounds):
+        for label, (times, first) in jobs.items():
+            factor = math.exp(rng.gauss(0.0, between_job)) * (CHANGE if label == slower else 1.0)
+            rerun = resampled_times(times, first, rng, factor, iterations)
+            series[label].append(steady_time(rerun).median_ms)
+    return series
+
+
+def _night_fails(
+    golden: dict[str, list[float]], night: dict[str, list[float]], row: str | None
+) -> bool:
+    """Whether the night fails (``row`` None: any test) or names ``row``."""
+    control = golden[CONTROL]
+    effects = [round_effect(golden[label], control) for label in golden if label != CONTROL]
+    noise = (
+        noise_from_repeats(effects, control, "golden repeats")
+        if len(control) > 1
+        else noise_from_equal_rows({INERT: round_effect(golden[INERT], control)})
+    )
+    assert noise is not None
+    _, decisions = decide(golden, night, CONTROL, noise)
+    if row is None:
+        return not all(decision.passed for decision in decisions.values())
+    return not decisions[row].passed and decisions[row].change > 0
+
+
+def measure(
+    rounds: int, between_job: float, nights: int, iterations: int, seed: int
+) -> dict[str, float]:
+    rng = random.Random(seed)
+    jobs = _jobs()
+    rows = [label for label in jobs if label != CONTROL]
+    false_alarms = sum(
+        _night_fails(
+            _rounds(jobs, rounds, between_job, rng, iterations),
+            _rounds(jobs, rounds, between_job, rng, iterations),
+            None,
+        )
+        for _ in range(nights)
+    )
+    caught = 0
+    for night in range(nights):
+        row = rows[night % len(rows)]
+        caught += _night_fails(
+            _rounds(jobs, rounds, between_job, rng, iterations),
+            _rounds(jobs, rounds, between_job, rng, iterations, slower=row),
+            row,
+        )
+    return {"false_alarm": false_alarms / nights, "power": caught / nights}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nights", type=int, default=400, help="simulated nights per cell")
+    parser.add_argument("--iterations", type=int, default=20, help="iterations per job")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--json", type=Path, help="also write the table here")
+    args = parser.parse_args()
+    print(
+        f"{args.iterations} iterations per job, {args.nights} nights per cell, family-wise budget "
+        f"{FAMILY_ALPHA:.0%}, power at +{as_pct(math.log(CHANGE)):.0f} % of one row "
+        f"(target {DETECTION_POWER:.0%})"
+    )
+    table = []
+    for between_job in NOISE_LEVELS:
+        needed = None
+        for rounds in ROUNDS:
+            found = measure(rounds, between_job, args.nights, args.iterations, args.seed)
+            table.append({"between_job": between_job, "rounds": rounds, **found})
+            print(
+                f"between-job {between_job:4.0%}  rounds {rounds:2d}  false alarms "
+                f"{found['false_alarm']:6.1%}  power {found['power']:6.1%}",
+                flush=True,
+            )
+            if (
+                needed is None
+                and found["false_alarm"] <= FAMILY_ALPHA
+                and found["power"] >= DETECTION_POWER
+            ):
+                needed = rounds
+        print(
+            f"between-job {between_job:4.0%}: rounds needed "
+            f"{needed if needed is not None else f'> {ROUNDS[-1]}'}"
+        )
+    if args.json is not None:
+        args.json.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
