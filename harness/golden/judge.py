@@ -363,28 +363,26 @@ def _night_series(jobs: Sequence[Record], steady: bool) -> list[float] | None:
     return values
 
 
-def golden_noise(golden: Golden) -> Noise | None:
-    """The noise a golden's step times are judged against: its own repeats when it has several
-    rounds; else its rows that must equal ``[]`` (``does_nothing``), each an A/A pair; None when it has neither (then its fixed rules judge step time)."""
+def golden_noise(golden: Golden, night_ms: dict[str, list[float]]) -> Noise | None:
+    """The noise a golden's step times are judged against: each row's spread over the golden's
+    rounds and tonight's, when either has several; else the golden's rows that must equal ``[]``
+    (``does_nothing``), each an A/A pair; None when it has neither (its fixed rules judge then)."""
     control_row = next((row for row in golden.rows if row.recompute.is_control), None)
     control = None if control_row is None else _golden_series(control_row)
     if control_row is None or control is None:
         return None
-    effects = {
-        row.label: round_effect(series, control)
-        for row in golden.rows
-        if not row.recompute.is_control and (series := _golden_series(row)) is not None
-    }
-    if len(control) > 1:
+    series = {row.label: found for row in golden.rows if (found := _golden_series(row)) is not None}
+    tonight = len(night_ms.get(control_row.label, ()))
+    if max(len(control), tonight) > 1:
         return noise_from_repeats(
-            list(effects.values()), control, f"the golden's {len(control)} rounds"
+            [series, night_ms], f"each row's repeats (golden {len(control)}, tonight {tonight})"
         )
     inert = {
-        row.label: effects[row.label]
+        row.label: round_effect(series[row.label], control)
         for row in golden.rows
-        if row.label in effects and does_nothing(golden, row)
+        if row.label in series and does_nothing(golden, row)
     }
-    found = noise_from_equal_rows(inert)
+    found = noise_from_equal_rows(inert, list(series))
     return (
         None if found is None else replace(found, source=f"{found.source} of the golden's 1 round")
     )
@@ -410,11 +408,11 @@ def step_time_checks(
     golden: Golden, rounds: dict[str, list[Record]]
 ) -> dict[str, MetricCheck] | None:
     """Each row's step-time line (``harness.record.step_time.decide``), judged in rounds against the
-    golden's noise: the control by its absolute time, every other row by its effect against the
-    control of its own round. None when the golden gives no noise: its fixed rules judge step time."""
-    noise = golden_noise(golden)
+    measured noise: the control by its absolute time, every other row by its effect against the
+    control of its own round. None when there is no noise to judge against: the golden's fixed rules
+    judge step time then."""
     control_row = next((row for row in golden.rows if row.recompute.is_control), None)
-    if noise is None or control_row is None or control_row.label not in rounds:
+    if control_row is None or control_row.label not in rounds:
         return None
     steady = control_row.step_time is not None
     golden_ms: dict[str, list[float]] = {}
@@ -426,13 +424,16 @@ def step_time_checks(
             golden_ms[row.label], night_ms[row.label] = before, now
     if control_row.label not in golden_ms:
         return None
+    noise = golden_noise(golden, night_ms)
+    if noise is None or control_row.label not in noise.rows:
+        return None
     rule, decisions = decide(golden_ms, night_ms, control_row.label, noise)
     return {label: _check(label, rule, decision) for label, decision in decisions.items()}
 
 
 def _check(label: str, rule: StepTimeRule, decision: StepTimeDecision) -> MetricCheck:
     metric = MetricName.STEP_TIME_MS if decision.absolute else MetricName.STEP_TIME_COST_PCT
-    shown = rule.describe(decision.tolerance, decision.detectable)
+    shown = rule.describe(decision.spread)
     if decision.night_standard_error is not None:
         shown = f"tonight ±{as_pct(decision.night_standard_error):.1f} pp s.e.; {shown}"
     verdict = (

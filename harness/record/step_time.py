@@ -141,53 +141,71 @@ def as_pct(log_value: float) -> float:
 
 
 @dataclass(frozen=True)
-class Noise:
-    """What a night's step times are judged against: the spread of one round's ``log(a / b)`` for two
-    rows of the same work (the within-job jitter of both medians and the between-job difference of
-    both processes), and of one job's own log time (the control's absolute time)."""
+class Spread:
+    """The standard deviation of one job's log steady time, and the degrees of freedom behind it."""
 
-    pair_sd: float
-    pair_df: int  # degrees of freedom of each estimate
-    job_sd: float
-    job_df: int
+    sd: float
+    df: int
+
+
+@dataclass(frozen=True)
+class Noise:
+    """What a night's step times are judged against: each row's own job-to-job spread (the control's
+    under its label), which holds the within-job jitter of a round's median and the between-job
+    difference of processes."""
+
+    rows: dict[str, Spread]
     source: str  # where it was measured, in words
-    # True: a term measured elsewhere and taken as known (normal quantiles); False: estimated from the
-    # golden's own repeats (Student's t at its degrees of freedom, as few repeats earn).
+    # True: a term measured elsewhere and taken as known (normal quantiles); False: estimated from
+    # repeats (Student's t at its degrees of freedom, as few repeats earn).
     known: bool
 
-    @property
-    def pct(self) -> float:
-        return as_pct(self.pair_sd)
 
-
-def noise_from_repeats(
-    effects: Sequence[RoundEffect], control_ms: Sequence[float], source: str
-) -> Noise | None:
-    """The spread of a golden's repeated rounds: each row's log-ratios about their mean, pooled over
-    rows; the control's log times about theirs. None with one round."""
-    if len(control_ms) < 2:
+def noise_from_repeats(rounds_ms: Sequence[dict[str, list[float]]], source: str) -> Noise | None:
+    """Each row's spread of log steady times about its mean, pooled over the sets given (the golden's
+    rounds and, under the hypothesis of no change, tonight's: a constant change moves the mean, not
+    the spread). Rows are not pooled with each other: the control is often the noisiest, and every
+    effect shares its noise. None when no row has two rounds in any set."""
+    squares: dict[str, float] = {}
+    df: dict[str, int] = {}
+    for rows in rounds_ms:
+        for label, times in rows.items():
+            if len(times) < 2:
+                continue
+            logs = [math.log(time) for time in times]
+            centre = statistics.fmean(logs)
+            squares[label] = squares.get(label, 0.0) + sum((x - centre) ** 2 for x in logs)
+            df[label] = df.get(label, 0) + len(logs) - 1
+    if not df:
         return None
-    logs = [math.log(t) for t in control_ms]
-    centre = statistics.fmean(logs)
-    job_df = len(logs) - 1
-    job_sd = math.sqrt(sum((x - centre) ** 2 for x in logs) / job_df)
-    squares = sum((d - e.mean) ** 2 for e in effects if e.rounds > 1 for d in e.log_ratios)
-    pair_df = sum(e.rounds - 1 for e in effects if e.rounds > 1)
-    if pair_df == 0:  # a control alone: a pair is two such jobs
-        return Noise(job_sd * math.sqrt(2), job_df, job_sd, job_df, source, known=False)
-    return Noise(math.sqrt(squares / pair_df), pair_df, job_sd, job_df, source, known=False)
+    return Noise(
+        {label: Spread(math.sqrt(squares[label] / df[label]), df[label]) for label in df},
+        source,
+        known=False,
+    )
 
 
-def noise_from_equal_rows(pairs: dict[str, RoundEffect]) -> Noise | None:
+def noise_from_equal_rows(pairs: dict[str, RoundEffect], labels: Sequence[str]) -> Noise | None:
     """The spread of rows that must equal the control (``pairs``: label -> its effect), each round an
-    A/A pair whose true log-ratio is zero: the root mean square of every such log-ratio, taken as a
-    known between-job term (one job's: a pair's over sqrt 2)."""
+    A/A pair whose true log-ratio is zero: the root mean square of every such log-ratio is a pair's
+    spread, one job's is that over sqrt 2; taken as a known between-job term for every row of
+    ``labels``."""
     values = [d for effect in pairs.values() for d in effect.log_ratios]
     if not values:
         return None
-    sd = math.sqrt(statistics.fmean(d * d for d in values))
-    labels = " = ".join(["[]", *sorted(pairs)])
-    return Noise(sd, len(values), sd / math.sqrt(2), len(values), f"A/A rows {labels}", known=True)
+    job = Spread(math.sqrt(statistics.fmean(d * d for d in values)) / math.sqrt(2), len(values))
+    return Noise(
+        {label: job for label in labels},
+        f"A/A rows {' = '.join(['[]', *sorted(pairs)])}",
+        known=True,
+    )
+
+
+def welch_df(parts: Sequence[Spread]) -> int:
+    """Welch-Satterthwaite: the degrees of freedom of a sum of the variances ``parts``."""
+    total = sum(part.sd**2 for part in parts)
+    spread = sum(part.sd**4 / part.df for part in parts)
+    return max(1, int(total**2 / spread)) if spread > 0 else min(part.df for part in parts)
 
 
 def t_quantile(p: float, df: int) -> float:
@@ -258,35 +276,27 @@ class StepTimeRule:
         return self.quantile(1 - FAMILY_ALPHA / (2 * self.tests), df)
 
     @property
-    def _scale(self) -> float:
+    def scale(self) -> float:
+        """A difference of a night's mean and a golden's: sd * sqrt(1/N + 1/G)."""
         return math.sqrt(1 / self.night_rounds + 1 / self.golden_rounds)
 
-    def effect_tolerance(self) -> float:
-        """The largest |night effect - golden effect| (log units) that passes."""
-        return self.critical(self.noise.pair_df) * self.noise.pair_sd * self._scale
+    def tolerance(self, spread: Spread) -> float:
+        """The largest |change| (log units) that passes a test of one round's ``spread``."""
+        return self.critical(spread.df) * spread.sd * self.scale
 
-    def absolute_tolerance(self) -> float:
-        """The largest |log(night control / golden control)| that passes."""
-        return self.critical(self.noise.job_df) * self.noise.job_sd * self._scale
+    def detectable(self, spread: Spread) -> float:
+        """The smallest change (log units) caught with ``DETECTION_POWER``."""
+        power = self.quantile(DETECTION_POWER, spread.df)
+        return (self.critical(spread.df) + power) * spread.sd * self.scale
 
-    def detectable_effect(self) -> float:
-        """The smallest change of a row's effect (log units) caught with ``DETECTION_POWER``."""
-        return self._detectable(self.noise.pair_sd, self.noise.pair_df)
-
-    def detectable_absolute(self) -> float:
-        return self._detectable(self.noise.job_sd, self.noise.job_df)
-
-    def _detectable(self, sd: float, df: int) -> float:
-        power = self.quantile(DETECTION_POWER, df)
-        return (self.critical(df) + power) * sd * self._scale
-
-    def describe(self, tolerance: float, detectable: float) -> str:
+    def describe(self, spread: Spread) -> str:
         """What a step-time line was judged against, for its tolerance column."""
         return (
-            f"±{as_pct(tolerance):.1f} pp ({self.night_rounds} round(s) vs the golden's "
-            f"{self.golden_rounds}; noise {self.noise.pct:.1f} % per round from {self.noise.source}"
-            f"{'' if self.noise.known else f', t at {self.noise.pair_df} df'}; "
-            f"{self.tests} tests share {FAMILY_ALPHA:.0%}; detectable >= {as_pct(detectable):.0f} pp)"
+            f"±{as_pct(self.tolerance(spread)):.1f} pp ({self.night_rounds} round(s) vs the golden's "
+            f"{self.golden_rounds}; noise {as_pct(spread.sd):.1f} % per round from "
+            f"{self.noise.source}{'' if self.noise.known else f', t at {spread.df} df'}; "
+            f"{self.tests} tests share {FAMILY_ALPHA:.0%}; detectable >= "
+            f"{as_pct(self.detectable(spread)):.0f} pp)"
         )
 
 
@@ -300,8 +310,8 @@ class StepTimeDecision:
     golden: float
     night: float
     change: float  # log units: night against golden
+    spread: Spread  # of one round of what is tested (an effect: the row's and the control's)
     tolerance: float  # log units
-    detectable: float  # log units
     night_standard_error: float | None  # log units, an effect's over several rounds tonight
 
     @property
@@ -313,9 +323,15 @@ def decide(
     golden_ms: dict[str, list[float]], night_ms: dict[str, list[float]], control: str, noise: Noise
 ) -> tuple[StepTimeRule, dict[str, StepTimeDecision]]:
     """Every row's step-time test of one night (rows: label -> steady time per round, the control's
-    under ``control``), all sharing ``FAMILY_ALPHA``. Rows missing from either side are not tested."""
-    rows = [label for label in golden_ms if label != control and label in night_ms]
+    under ``control``), all sharing ``FAMILY_ALPHA``. A row is tested when both sides and the noise
+    have it."""
+    rows = [
+        label
+        for label in golden_ms
+        if label != control and label in night_ms and label in noise.rows
+    ]
     rule = StepTimeRule(noise, len(rows) + 1, len(night_ms[control]), len(golden_ms[control]))
+    base = noise.rows[control]
     before_ms, now_ms = _geometric_mean(golden_ms[control]), _geometric_mean(night_ms[control])
     decisions = {
         control: StepTimeDecision(
@@ -323,21 +339,24 @@ def decide(
             before_ms,
             now_ms,
             math.log(now_ms / before_ms),
-            rule.absolute_tolerance(),
-            rule.detectable_absolute(),
+            base,
+            rule.tolerance(base),
             None,
         )
     }
     for label in rows:
         before = round_effect(golden_ms[label], golden_ms[control])
         now = round_effect(night_ms[label], night_ms[control])
+        own = noise.rows[label]
+        # Independent jobs: the log-ratio's variance is the row's and the control's.
+        pair = Spread(math.sqrt(own.sd**2 + base.sd**2), welch_df((own, base)))
         decisions[label] = StepTimeDecision(
             False,
             before.pct,
             now.pct,
             now.mean - before.mean,
-            rule.effect_tolerance(),
-            rule.detectable_effect(),
+            pair,
+            rule.tolerance(pair),
             now.standard_error,
         )
     return rule, decisions

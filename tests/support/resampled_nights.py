@@ -1,6 +1,6 @@
 """Nights made the way noise makes them, from the landed H200 records (tests/measured/gpu-check-h200-20261204):
-each job's steady iterations resampled with replacement, and the whole job scaled by a between-job
-factor. ``tests/unit/golden/test_resampled_nights.py`` and ``benchmarks/nightly_error_rates.py`` judge
+each job's steady iterations resampled with replacement (a smoothed bootstrap), and the whole job
+scaled by a between-job factor. ``tests/unit/golden/test_resampled_nights.py`` and ``benchmarks/nightly_error_rates.py`` judge
 them with the real comparator; nothing here decides a verdict.
 
 A night in today's single-job format keeps each record's warm-up iterations and steady window where
@@ -43,9 +43,18 @@ def resampled_times(
 ) -> list[float]:
     """``times`` (one job's iterations, 1-based ``first`` the first steady one) rerun: the warm-up
     before ``first`` kept, the steady iterations drawn with replacement from the job's own (``length``
-    iterations in all: a longer job than the landed one), every one scaled by ``factor``."""
+    iterations in all: a longer job than the landed one), every one scaled by ``factor``.
+
+    A smoothed bootstrap: each draw is jittered by a log-normal kernel of Silverman's width
+    (1.06 sd n^-1/5 of the steady log times), so a rerun's median is not one of the landed values
+    (a plain resample of 9 values ties two reruns' medians exactly, a spread of zero no GPU shows)."""
     steady = times[first - 1 :]
-    drawn = [rng.choice(steady) for _ in range((length or len(times)) - first + 1)]
+    logs = [math.log(time) for time in steady]
+    width = 1.06 * statistics.stdev(logs) * len(logs) ** -0.2
+    drawn = [
+        rng.choice(steady) * math.exp(rng.gauss(0.0, width))
+        for _ in range((length or len(times)) - first + 1)
+    ]
     return [time * factor for time in times[: first - 1] + drawn]
 
 

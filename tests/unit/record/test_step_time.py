@@ -11,14 +11,17 @@ from resampled_nights import landed_records
 from harness.record.step_time import (
     FAMILY_ALPHA,
     Noise,
+    Spread,
     StepTimeRule,
     as_pct,
+    decide,
     noise_from_equal_rows,
     noise_from_repeats,
     record_steady_time,
     round_effect,
     steady_time,
     t_quantile,
+    welch_df,
 )
 
 
@@ -67,25 +70,33 @@ def test_an_effect_is_the_mean_log_ratio_with_its_standard_error():
         round_effect([1.0, 2.0], [1.0])
 
 
-def test_noise_from_repeats_pools_rows_and_keeps_the_controls_own():
-    assert noise_from_repeats([round_effect([100.0], [100.0])], [100.0], "x") is None  # one round
-    spread = round_effect([110.0, 90.0], [100.0, 104.0])
-    noise = noise_from_repeats([spread], [100.0, 104.0], "the golden's 2 rounds")
+def test_noise_from_repeats_keeps_each_rows_own_spread_pooled_over_golden_and_night():
+    assert noise_from_repeats([{"[]": [100.0]}], "x") is None  # one round: nothing to pool
+    golden = {"[]": [100.0, 104.0], "moe": [110.0, 110.0]}
+    night = {"[]": [98.0, 101.0, 103.0], "moe": [111.0]}
+    noise = noise_from_repeats([golden, night], "repeats")
     assert noise is not None and not noise.known
-    d = math.log(1.1), math.log(90 / 104)
-    centre = sum(d) / 2
-    assert (noise.pair_df, noise.job_df) == (1, 1)
-    assert noise.pair_sd == pytest.approx(math.sqrt(sum((x - centre) ** 2 for x in d)))
-    assert noise.job_sd == pytest.approx(abs(math.log(104 / 100)) / math.sqrt(2))
+    control = noise.rows["[]"]
+    logs_g = [math.log(100.0), math.log(104.0)]
+    logs_n = [math.log(98.0), math.log(101.0), math.log(103.0)]
+    squares = sum((x - sum(logs_g) / 2) ** 2 for x in logs_g) + sum(
+        (x - sum(logs_n) / 3) ** 2 for x in logs_n
+    )
+    assert control.df == 3 and control.sd == pytest.approx(math.sqrt(squares / 3))
+    assert noise.rows["moe"] == Spread(0.0, 1)  # its night has one round: the golden's alone
 
 
 def test_noise_from_equal_rows_is_their_root_mean_square_taken_as_known():
-    noise = noise_from_equal_rows({"moe_act": round_effect([105.0], [100.0])})
-    assert noise is not None and noise.known and noise.pair_df == 1
-    assert noise.source == "A/A rows [] = moe_act"
-    assert noise.pair_sd == pytest.approx(math.log(1.05))
-    assert noise.job_sd == pytest.approx(math.log(1.05) / math.sqrt(2))
-    assert noise_from_equal_rows({}) is None
+    noise = noise_from_equal_rows({"moe_act": round_effect([105.0], [100.0])}, ["[]", "moe"])
+    assert noise is not None and noise.known and noise.source == "A/A rows [] = moe_act"
+    assert set(noise.rows) == {"[]", "moe"}
+    assert noise.rows["moe"].sd == pytest.approx(math.log(1.05) / math.sqrt(2))
+    assert noise_from_equal_rows({}, ["[]"]) is None
+
+
+def test_welch_degrees_of_freedom():
+    assert welch_df([Spread(0.05, 4), Spread(0.05, 4)]) == 8
+    assert welch_df([Spread(0.10, 2), Spread(0.01, 30)]) == 2  # the noisy part's
 
 
 def test_student_t_quantiles_match_the_tables():
@@ -99,30 +110,38 @@ def test_student_t_quantiles_match_the_tables():
 
 
 def test_the_rule_shares_its_false_alarm_budget_and_narrows_with_rounds():
-    known = Noise(0.05, 1, 0.05 / math.sqrt(2), 1, "A/A", known=True)
+    known = Noise({"[]": Spread(0.05, 1), "moe": Spread(0.05, 1)}, "A/A", known=True)
     one = StepTimeRule(known, tests=5, night_rounds=1, golden_rounds=1)
     # Bonferroni: 1 % over 5 two-sided tests -> z = 3.09
     assert FAMILY_ALPHA == 0.01 and one.critical(1) == pytest.approx(3.0902, abs=1e-4)
-    assert one.effect_tolerance() == pytest.approx(3.0902 * 0.05 * math.sqrt(2), abs=1e-4)
-    assert one.absolute_tolerance() == pytest.approx(one.effect_tolerance() / math.sqrt(2))
+    assert one.tolerance(Spread(0.05, 1)) == pytest.approx(3.0902 * 0.05 * math.sqrt(2), abs=1e-4)
     # 90 % power: z + 1.2816
-    assert one.detectable_effect() == pytest.approx(
+    assert one.detectable(Spread(0.05, 1)) == pytest.approx(
         (3.0902 + 1.2816) * 0.05 * math.sqrt(2), abs=1e-4
     )
     four = StepTimeRule(known, tests=5, night_rounds=4, golden_rounds=4)
-    assert four.effect_tolerance() == pytest.approx(one.effect_tolerance() / 2)
-    text = four.describe(four.effect_tolerance(), four.detectable_effect())
+    assert four.tolerance(Spread(0.05, 1)) == pytest.approx(one.tolerance(Spread(0.05, 1)) / 2)
+    text = four.describe(Spread(0.05, 1))
     assert (
         "4 round(s) vs the golden's 4" in text and "detectable >= " in text and "from A/A" in text
     )
-    # Estimated from 8 degrees of freedom of repeats: Student's t, wider than z.
+    # Estimated from repeats: Student's t at the spread's degrees of freedom, wider than z.
     repeats = StepTimeRule(
-        Noise(0.05, 8, 0.04, 2, "repeats", known=False), tests=5, night_rounds=4, golden_rounds=4
+        Noise({"[]": Spread(0.04, 2)}, "repeats", known=False), 5, night_rounds=4, golden_rounds=4
     )
-    assert repeats.effect_tolerance() == pytest.approx(
+    assert repeats.tolerance(Spread(0.05, 8)) == pytest.approx(
         t_quantile(1 - 0.001, 8) * 0.05 * math.sqrt(0.5)
     )
-    assert repeats.absolute_tolerance() == pytest.approx(
-        t_quantile(1 - 0.001, 2) * 0.04 * math.sqrt(0.5)
-    )
-    assert "t at 8 df" in repeats.describe(1.0, 1.0)
+    assert "t at 8 df" in repeats.describe(Spread(0.05, 8))
+
+
+def test_a_night_is_decided_row_by_row_against_the_control_of_its_own_round():
+    noise = Noise({"[]": Spread(0.02, 10), "moe": Spread(0.02, 10)}, "repeats", known=False)
+    golden = {"[]": [200.0, 210.0], "moe": [220.0, 231.0]}  # +10 % each round
+    rule, same = decide(golden, {"[]": [190.0, 200.0], "moe": [209.0, 220.0]}, "[]", noise)
+    assert rule.tests == 2 and all(d.passed for d in same.values())
+    assert same["moe"].golden == pytest.approx(10.0) and same["moe"].spread.df == 20
+    assert same["[]"].change == pytest.approx(math.log(math.sqrt(190 * 200) / math.sqrt(200 * 210)))
+    _, slower = decide(golden, {"[]": [200.0, 210.0], "moe": [264.0, 277.2]}, "[]", noise)
+    assert not slower["moe"].passed and slower["moe"].night == pytest.approx(32.0)
+    assert slower["[]"].passed
