@@ -26,7 +26,7 @@ from harness.record.metrics import (
     metrics_in,
 )
 from harness.record.model import PIN_KEYS, Hardware, Outcome, ProbeMetrics, Record, Revisions
-from harness.record.step_time import in_rounds, record_steady_time, round_index
+from harness.record.step_time import by_round, first_round, in_rounds, record_steady_time
 from harness.record.vocabulary import RecordKind
 from harness.typed_json import NON_NEGATIVE, ObjectShape, check_json, part_of, rules
 
@@ -197,20 +197,6 @@ def step_time_rounds(rounds: Sequence[Record]) -> StepTimeRounds | None:
         warmup=[found.warmup for found in kept],
         steady=[found.steady for found in kept],
     )
-
-
-def by_round(records: Sequence[Record]) -> dict[str, list[Record]]:
-    """label -> that row's records in round order (one each for a sweep of one job per row)."""
-    grouped: dict[str, list[Record]] = {}
-    for record in sorted(records, key=round_index):
-        grouped.setdefault(record.label, []).append(record)
-    return grouped
-
-
-def first_round(records: Sequence[Record]) -> list[Record]:
-    """The records of the first round each row ran in: what memory, counts and outcomes are read
-    from (they do not change between rounds of the same work)."""
-    return [rounds[0] for rounds in by_round(records).values()]
 
 
 def golden_values(

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from harness.record.model import Record
 
@@ -82,9 +83,31 @@ def round_index(record: Record) -> int:
     return int(record.workload.extra.get(ROUND_KEY, "1"))
 
 
+def in_round(record: Record, round_number: int) -> Record:
+    """``record`` marked as the job of round ``round_number``."""
+    workload = replace(
+        record.workload, extra={**record.workload.extra, ROUND_KEY: str(round_number)}
+    )
+    return replace(record, workload=workload)
+
+
 def in_rounds(record: Record) -> bool:
     """Whether ``record`` was measured as one round of several (``run --rounds``)."""
     return ROUND_KEY in record.workload.extra
+
+
+def by_round(records: Sequence[Record]) -> dict[str, list[Record]]:
+    """label -> that row's records in round order (one each for a sweep of one job per row)."""
+    grouped: dict[str, list[Record]] = {}
+    for record in sorted(records, key=round_index):
+        grouped.setdefault(record.label, []).append(record)
+    return grouped
+
+
+def first_round(records: Sequence[Record]) -> list[Record]:
+    """The records of the first round each row ran in: what memory, counts and outcomes are read
+    from (they do not change between rounds of the same work)."""
+    return [rounds[0] for rounds in by_round(records).values()]
 
 
 def record_steady_time(record: Record) -> SteadyTime | None:
@@ -364,3 +387,65 @@ def decide(
 
 def _geometric_mean(values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(value) for value in values))
+
+
+def _within_job(times_ms: Sequence[float]) -> float:
+    """One job's within-job noise as the relative standard error of its median: the steady
+    iterations' robust spread (1.4826 MAD, relative to the median) times 1.2533 / sqrt(n)."""
+    centre = statistics.median(times_ms)
+    mad = statistics.median(abs(time - centre) for time in times_ms)
+    return 1.4826 * mad / centre * 1.2533 / math.sqrt(len(times_ms))
+
+
+def calibration(records: Sequence[Record]) -> dict[str, Any]:
+    """What a noise-calibration sweep in rounds measured, per row: each job's warm-up (iterations),
+    steady median and within-job noise; the row's job-to-job spread of log medians over rounds and
+    the between-job part of it (the spread less the within-job part, in quadrature); and each row's
+    per-round log-ratio against the control of its round (an A/A row's are pure noise)."""
+    rounds = by_round(records)
+    control = next((jobs for jobs in rounds.values() if jobs[0].recompute.is_control), None)
+    rows: dict[str, Any] = {}
+    for label, jobs in rounds.items():
+        steady = [record_steady_time(job) for job in jobs]
+        if any(found is None for found in steady):
+            rows[label] = {"jobs": len(jobs), "steady": None}
+            continue
+        kept = [found for found in steady if found is not None]
+        within = [_within_job(_steady_times(job, found.warmup)) for job, found in zip(jobs, kept)]
+        logs = [math.log(found.median_ms) for found in kept]
+        spread = statistics.stdev(logs) if len(logs) > 1 else None
+        within_rms = math.sqrt(statistics.fmean(w * w for w in within))
+        entry: dict[str, Any] = {
+            "rounds": len(jobs),
+            "warmup": [found.warmup for found in kept],
+            "settled": [found.settled for found in kept],
+            "median_ms": [found.median_ms for found in kept],
+            "within_job_pct": [100 * w for w in within],
+            "job_spread_pct": None if spread is None else 100 * spread,
+            "between_job_pct": None
+            if spread is None
+            else 100 * math.sqrt(max(0.0, spread**2 - within_rms**2)),
+        }
+        if control is not None and label != control[0].label:
+            base = [record_steady_time(job) for job in control]
+            if all(found is not None for found in base) and len(base) == len(kept):
+                effect = round_effect(
+                    [found.median_ms for found in kept],
+                    [found.median_ms for found in base if found is not None],
+                )
+                entry["log_ratio_vs_control"] = list(effect.log_ratios)
+                entry["effect_pct"] = effect.pct
+                entry["effect_se_pct"] = (
+                    None if effect.standard_error is None else 100 * effect.standard_error
+                )
+        rows[label] = entry
+    return {"rows": rows}
+
+
+def _steady_times(record: Record, warmup: int) -> list[float]:
+    times = [
+        row.step_time_ms
+        for row in record.run_metrics.iterations
+        if row.step_time_ms is not None and not row.skipped and not row.nan
+    ]
+    return times[warmup:]
