@@ -150,6 +150,14 @@ class RoundEffect:
     def pct(self) -> float:
         return as_pct(self.mean)
 
+    def interval_pct(self, confidence: float = 0.95) -> tuple[float, float] | None:
+        """The effect's confidence interval in percent (Student's t at rounds - 1 df); None with one
+        round."""
+        if self.standard_error is None:
+            return None
+        half = t_quantile((1 + confidence) / 2, self.rounds - 1) * self.standard_error
+        return as_pct(self.mean - half), as_pct(self.mean + half)
+
 
 def round_effect(row_ms: Sequence[float], control_ms: Sequence[float]) -> RoundEffect:
     """``row_ms[i]`` and ``control_ms[i]`` are the steady times of round ``i``."""

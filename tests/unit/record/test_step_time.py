@@ -3,7 +3,9 @@ log-ratio effects with their standard error, noise from repeats or A/A rows, the
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 from resampled_nights import landed_records
@@ -11,6 +13,7 @@ from resampled_nights import landed_records
 from harness.record.step_time import (
     FAMILY_ALPHA,
     Noise,
+    RoundEffect,
     Spread,
     StepTimeRule,
     as_pct,
@@ -23,6 +26,8 @@ from harness.record.step_time import (
     t_quantile,
     welch_df,
 )
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_landed_control_was_still_warming_up_inside_its_window():
@@ -145,3 +150,16 @@ def test_a_night_is_decided_row_by_row_against_the_control_of_its_own_round():
     _, slower = decide(golden, {"[]": [200.0, 210.0], "moe": [264.0, 277.2]}, "[]", noise)
     assert not slower["moe"].passed and slower["moe"].night == pytest.approx(32.0)
     assert slower["[]"].passed
+
+
+def test_the_landed_instrumentation_overhead_is_inconclusive_in_rounds():
+    # benchmarks/instrumentation_overhead.py on the H200: 6 rounds, pairs from -15 % to +32 %.
+    landed = json.loads(
+        (ROOT / "tests/measured/gpu-check-h200-20261204/instrumentation-overhead.json").read_text()
+    )
+    effect = RoundEffect(tuple(math.log1p(p / 100) for p in landed["overhead_pct_pairs"]))
+    low, high = effect.interval_pct()
+    assert effect.pct == pytest.approx(5.75, abs=0.01)
+    assert (low, high) == (pytest.approx(-12.34, abs=0.01), pytest.approx(27.57, abs=0.01))
+    assert low < 1.0 < high  # neither meets nor refutes the <= 1 % target
+    assert RoundEffect((0.1,)).interval_pct() is None
