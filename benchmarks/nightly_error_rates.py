@@ -11,7 +11,9 @@ against each row's repeats in both (``noise_from_repeats``; with one round, the 
 - false alarm: a night of no change with any step-time test failed (all rows and the control's
   absolute time together: the family-wise rate, budget ``FAMILY_ALPHA`` = 1 %);
 - power: one row (each in turn) made 5 % slower in every iteration, and that row's effect failed;
-- rounds needed: the fewest R of the grid with false alarms <= 1 % and power >= 90 %.
+- rounds needed: the fewest R of the grid with false alarms <= 1 % and power >= 90 %; and, beyond
+  the grid, the fewest R at which the rule's own ``detectable`` reaches +5 % for the noisiest row,
+  from each row's per-round spread (400 simulated rounds).
 
 ``--iterations`` lengthens each job (more steady iterations drawn from the same ones): the other
 lever against within-job noise. On the H200 one job of 20 iterations took about 21 s of wall time
@@ -27,6 +29,7 @@ import argparse
 import json
 import math
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -37,12 +40,16 @@ from resampled_nights import landed_records, resampled_times
 from harness.record.step_time import (
     DETECTION_POWER,
     FAMILY_ALPHA,
+    Noise,
+    Spread,
+    StepTimeRule,
     as_pct,
     decide,
     noise_from_equal_rows,
     noise_from_repeats,
     round_effect,
     steady_time,
+    welch_df,
 )
 
 CONTROL = "[]"
@@ -94,6 +101,33 @@ def _night_fails(
     if row is None:
         return not all(decision.passed for decision in decisions.values())
     return not decisions[row].passed and decisions[row].change > 0
+
+
+def predicted_rounds(
+    jobs: dict[str, tuple[list[float], int]], between_job: float, iterations: int, seed: int
+) -> tuple[int | None, dict[str, float]]:
+    """The fewest rounds at which the rule's own ``detectable`` reaches the change for the noisiest
+    row, from each row's per-round spread measured over 400 simulated rounds (the simulation checks
+    it where it is affordable); and those spreads, in percent."""
+    long = _rounds(jobs, 400, between_job, random.Random(seed), iterations)
+    spread = {label: statistics.stdev(math.log(t) for t in times) for label, times in long.items()}
+    noise = Noise({label: Spread(sd, 399) for label, sd in spread.items()}, "sim", known=False)
+    for rounds in range(2, 2001):
+        rule = StepTimeRule(noise, len(jobs), rounds, rounds)
+        base = Spread(spread[CONTROL], 2 * (rounds - 1))
+        worst = max(
+            rule.detectable(
+                Spread(
+                    math.sqrt(sd**2 + base.sd**2),
+                    welch_df((Spread(sd, 2 * (rounds - 1)), base)),
+                )
+            )
+            for label, sd in spread.items()
+            if label != CONTROL
+        )
+        if worst <= math.log(CHANGE):
+            return rounds, {label: 100 * sd for label, sd in spread.items()}
+    return None, {label: 100 * sd for label, sd in spread.items()}
 
 
 def measure(
@@ -153,10 +187,15 @@ def main() -> None:
                 and found["power"] >= DETECTION_POWER
             ):
                 needed = rounds
+        predicted, spreads = predicted_rounds(_jobs(), between_job, args.iterations, args.seed)
+        shown = ", ".join(f"{label} {sd:.1f} %" for label, sd in spreads.items())
         print(
-            f"between-job {between_job:4.0%}: rounds needed "
-            f"{needed if needed is not None else f'> {args.rounds[-1]}'}"
+            f"between-job {between_job:4.0%}: rounds needed, simulated "
+            f"{needed if needed is not None else f'> {args.rounds[-1]}'}; predicted by the rule "
+            f"{predicted} (per-round spread: {shown})",
+            flush=True,
         )
+        table.append({"between_job": between_job, "predicted_rounds": predicted, **spreads})
     if args.json is not None:
         args.json.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
 
