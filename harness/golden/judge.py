@@ -262,11 +262,16 @@ def compare_records(
             )
         )
     rounds = by_round(records)
-    if len({len(jobs) for jobs in rounds.values()}) > 1 or any(
-        len({round_index(job) for job in jobs}) != len(jobs) for jobs in rounds.values()
-    ):
+    numbers = {label: [round_index(job) for job in jobs] for label, jobs in rounds.items()}
+    if any(len(set(found)) != len(found) for found in numbers.values()):
         raise UsageError(
             "two records share one recompute row and round; compare one record per row and round"
+        )
+    if len({tuple(found) for found in numbers.values()}) > 1:
+        shown = "; ".join(f"{label} {found}" for label, found in numbers.items())
+        raise UsageError(
+            f"the rows were not measured in the same rounds ({shown}): each round pairs every row "
+            "with that round's control; compare complete rounds"
         )
     records = first_round(records)
     by_label = {record.label: record for record in records}
