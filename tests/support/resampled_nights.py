@@ -45,14 +45,18 @@ def resampled_times(
     before ``first`` kept, the steady iterations drawn with replacement from the job's own (``length``
     iterations in all: a longer job than the landed one), every one scaled by ``factor``.
 
-    A smoothed bootstrap: each draw is jittered by a log-normal kernel of Silverman's width
-    (1.06 sd n^-1/5 of the steady log times), so a rerun's median is not one of the landed values
-    (a plain resample of 9 values ties two reruns' medians exactly, a spread of zero no GPU shows)."""
+    A smoothed bootstrap with its variance kept (Silverman 1986, 6.4.1): each draw's log is jittered by
+    a normal kernel of Silverman's width w = 1.06 s n^-1/5 and shrunk towards the steady mean by
+    sqrt(1 + w^2 / s^2), so a rerun keeps the job's own mean and spread while its median is not one
+    of the landed values (a plain resample of 9 values ties two reruns' medians exactly, a spread of
+    zero no GPU shows)."""
     steady = times[first - 1 :]
     logs = [math.log(time) for time in steady]
-    width = 1.06 * statistics.stdev(logs) * len(logs) ** -0.2
+    centre, spread = statistics.fmean(logs), statistics.stdev(logs)
+    width = 1.06 * spread * len(logs) ** -0.2
+    shrink = math.sqrt(1 + (width / spread) ** 2)
     drawn = [
-        rng.choice(steady) * math.exp(rng.gauss(0.0, width))
+        math.exp(centre + (rng.choice(logs) - centre + rng.gauss(0.0, width)) / shrink)
         for _ in range((length or len(times)) - first + 1)
     ]
     return [time * factor for time in times[: first - 1] + drawn]
