@@ -9,13 +9,16 @@ in rotated order) and read here:
   whose median is no longer above the median of what follows), and the median of what is left;
 - ``round_effect``: a row's effect, the mean over rounds of ``log(row / [] of the same round)``, with
   its standard error when there are several rounds;
-- ``Noise``: the spread of one round's log-ratio between two rows that do the same work, measured
-  from a golden's repeats, or, for a golden of one round, from its rows that must equal ``[]`` (a
-  label Megatron Core accepts and ignores on that stack: ``harness.golden.judge.does_nothing``);
-- ``StepTimeRule``: the decision. Every step-time test of a night (each row's effect, the control's
+- ``Noise``: each row's own job-to-job spread of log steady times, from repeated rounds (the
+  golden's and tonight's), or, for a golden of one round, a known between-job term from its rows that
+  must equal ``[]`` (a label Megatron Core accepts and ignores on that stack:
+  ``harness.golden.judge.does_nothing``);
+- ``StepTimeRule`` and ``decide``: every step-time test of a night (each row's effect, the control's
   absolute time) shares one false-alarm budget (``FAMILY_ALPHA``, Bonferroni); a difference beyond
-  ``z * sd * sqrt(1/N + 1/G)`` (N rounds tonight, G in the golden) fails, and the change it would catch
-  nine times in ten is stated beside it (``detectable``).
+  ``q * sd * sqrt(1/N + 1/G)`` fails (N rounds tonight, G in the golden; q normal for a known noise,
+  Student's t at the estimate's degrees of freedom otherwise), and the change it would catch nine
+  times in ten is stated beside it (``detectable``);
+- ``calibration``: what a sweep in rounds says about its own noise (``recompute-harness noise``).
 
 Times are compared as logs: a ratio of step times is what a recompute changes, and a job's speed
 multiplies every iteration.
@@ -110,13 +113,18 @@ def first_round(records: Sequence[Record]) -> list[Record]:
     return [rounds[0] for rounds in by_round(records).values()]
 
 
-def record_steady_time(record: Record) -> SteadyTime | None:
-    """The steady time of ``record``'s job; None when it did not time enough iterations."""
-    times = [
+def timed_iterations(record: Record) -> list[float]:
+    """``record``'s step times in order, skipped and NaN iterations left out."""
+    return [
         row.step_time_ms
         for row in record.run_metrics.iterations
         if row.step_time_ms is not None and not row.skipped and not row.nan
     ]
+
+
+def record_steady_time(record: Record) -> SteadyTime | None:
+    """The steady time of ``record``'s job; None when it did not time enough iterations."""
+    times = timed_iterations(record)
     return steady_time(times) if len(times) > MIN_STEADY else None
 
 
@@ -419,7 +427,9 @@ def calibration(records: Sequence[Record]) -> dict[str, Any]:
             rows[label] = {"jobs": len(jobs), "steady": None}
             continue
         kept = [found for found in steady if found is not None]
-        within = [_within_job(_steady_times(job, found.warmup)) for job, found in zip(jobs, kept)]
+        within = [
+            _within_job(timed_iterations(job)[found.warmup :]) for job, found in zip(jobs, kept)
+        ]
         logs = [math.log(found.median_ms) for found in kept]
         spread = statistics.stdev(logs) if len(logs) > 1 else None
         within_rms = math.sqrt(statistics.fmean(w * w for w in within))
@@ -448,12 +458,3 @@ def calibration(records: Sequence[Record]) -> dict[str, Any]:
                 )
         rows[label] = entry
     return {"rows": rows}
-
-
-def _steady_times(record: Record, warmup: int) -> list[float]:
-    times = [
-        row.step_time_ms
-        for row in record.run_metrics.iterations
-        if row.step_time_ms is not None and not row.skipped and not row.nan
-    ]
-    return times[warmup:]
