@@ -79,7 +79,11 @@ class GoldenRow:
         if self.record is not None:
             data["record"] = self.record
         if self.step_time is not None:
-            data["step_time"] = {key: list(value) for key, value in self.step_time.items()}
+            data["step_time"] = {
+                "median_ms": list(self.step_time["median_ms"]),
+                "warmup": list(self.step_time["warmup"]),
+                "steady": list(self.step_time["steady"]),
+            }
         return data
 
 

@@ -387,9 +387,9 @@ def golden_noise(golden: Golden, night_ms: dict[str, list[float]]) -> Noise | No
         for row in golden.rows
         if row.label in series and does_nothing(golden, row)
     }
-    found = noise_from_equal_rows(inert, list(series))
+    equal = noise_from_equal_rows(inert, list(series))
     return (
-        None if found is None else replace(found, source=f"{found.source} of the golden's 1 round")
+        None if equal is None else replace(equal, source=f"{equal.source} of the golden's 1 round")
     )
 
 
@@ -417,15 +417,21 @@ def step_time_checks(
     control of its own round. None when there is no noise to judge against: the golden's fixed rules
     judge step time then."""
     control_row = next((row for row in golden.rows if row.recompute.is_control), None)
-    if control_row is None or control_row.label not in rounds:
-        return None
+    if (
+        golden.kind == RecordKind.CPU_PROBE
+        or control_row is None
+        or control_row.label not in rounds
+    ):
+        return None  # a CPU probe times nothing
     steady = control_row.step_time is not None
     golden_ms: dict[str, list[float]] = {}
     night_ms: dict[str, list[float]] = {}
     for row in golden.rows:
         before = _golden_series(row)
-        now = None if row.label not in rounds else _night_series(rounds[row.label], steady)
-        if before is not None and now is not None:
+        if before is None or row.label not in rounds:
+            continue
+        now = _night_series(rounds[row.label], steady)
+        if now is not None:
             golden_ms[row.label], night_ms[row.label] = before, now
     if control_row.label not in golden_ms:
         return None

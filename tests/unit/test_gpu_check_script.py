@@ -80,7 +80,7 @@ def test_the_noise_calibration_rehearsal_runs_rounds_and_reports_their_noise(tmp
     assert any("moe_act: 2 rounds" in line and "vs [] " in line for line in noise), noise
     with tarfile.open(tmp_path / "gpu-check.tar.gz") as archive:
         names = archive.getnames()
-        figures = json.load(archive.extractfile("./noise-calibration.json"))  # type: ignore[arg-type]
+        figures = json.load(archive.extractfile("./noise-calibration.json"))
     records = sorted(n.rsplit("/", 1)[1] for n in names if "/records/" in n and n.endswith(".json"))
     assert records == ["r1-control.json", "r1-moe_act.json", "r2-control.json", "r2-moe_act.json"]
     assert figures["rows"]["moe_act"]["rounds"] == 2 and len(figures["rows"]["[]"]["warmup"]) == 2
