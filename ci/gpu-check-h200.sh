@@ -16,6 +16,15 @@
 #   ci/gpu-check-h200.sh                    on the GPU machine
 #   ci/gpu-check-h200.sh --rehearse-on-cpu  the same steps on this CPU machine (.venv, recipe
 #                                           cpu-moonlight-ep2, a short overhead run): tests the script
+#   ci/gpu-check-h200.sh --calibrate [--rehearse-on-cpu]
+#       noise calibration, what a short GPU window does first (issue 42; docs/measured-gpu.md): the
+#       row set in GPU_CHECK_ROUNDS rounds (default 3; `run --rounds`, each round rotated), moe_act an
+#       A/A repeat of [] on the mcore image (SequentialMLP experts ignore it); then `noise` (warm-up,
+#       within-job and between-job noise, each row's effect per round: noise-calibration.json) and a
+#       golden written from the rounds. No overhead step. 5 rows x 3 rounds x ~21 s a job on the H200
+#       (the 2026-12-04 records' timestamps) is ~315 s: GPU_CHECK_BUDGET_S defaults to 450 (8 min
+#       with run(timeout_s=480)). On CPU: a copy of cpu-moonlight-ep2 with 10 iterations, rows [] and
+#       moe_act, 2 rounds (the golden step checks that CPU times are refused as a timing golden).
 #
 # Prepare on the CPU machine (the device cannot reach any index), then carry build/wheels:
 #   ./venv-run pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -40,11 +49,14 @@ set -uo pipefail  # no -e: a failing step is reported and the next one still run
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 mode=gpu
-case "${1:-}" in
-  "") ;;
-  --rehearse-on-cpu) mode=cpu ;;
-  *) echo "usage: ci/gpu-check-h200.sh [--rehearse-on-cpu]" >&2; exit 2 ;;
-esac
+calibrate=0
+for argument in "$@"; do
+  case "$argument" in
+    --rehearse-on-cpu) mode=cpu ;;
+    --calibrate) calibrate=1 ;;
+    *) echo "usage: ci/gpu-check-h200.sh [--calibrate] [--rehearse-on-cpu]" >&2; exit 2 ;;
+  esac
+done
 OUT="${OUT:-$root/runs/gpu-check}"
 mkdir -p "$OUT"
 work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")"
@@ -65,6 +77,20 @@ else
   python=python3 recipe=mcore-moonlight-1gpu budget=420 sweep_cap=240 overhead_cap=90
   row_timeout=150 stall_timeout=120
   bench=(--blocks 6 --block-iters 5) requirement_flags=()
+fi
+rounds=()
+if (( calibrate )); then
+  if [[ "$mode" == cpu ]]; then
+    # Steady time needs >= 6 timed iterations (harness.record.step_time): the CPU recipe's 4 are too few.
+    sed -e 's/^train_iters = .*/train_iters = 10/' -e 's/^steady_window = .*/steady_window = [3, 10]/' \
+      -e 's/^rows = .*/rows = ["[]", "moe_act"]/' harness/data/recipes/cpu-moonlight-ep2.toml \
+      > "$work/cpu-moonlight-ep2-calibration.toml"
+    recipe="$work/cpu-moonlight-ep2-calibration.toml" rounds=(--rounds "${GPU_CHECK_ROUNDS:-2}")
+  else
+    budget=450 sweep_cap=400 rounds=(--rounds "${GPU_CHECK_ROUNDS:-3}")
+  fi
+  overhead_cap=0
+  echo "noise calibration: ${rounds[1]} rounds of the row set, rotated" >> "$summary"
 fi
 budget="${GPU_CHECK_BUDGET_S:-$budget}"
 deadline=$((SECONDS + budget))
@@ -171,9 +197,14 @@ fi
 
 # The sweep: one torchrun job per row, records + analysis table + plot; the overhead step's time reserved.
 limited sweep "${GPU_CHECK_SWEEP_LIMIT_S:-$sweep_cap}" $((overhead_cap + pack_reserve)) \
-  "$python" -m harness.cli run --recipe "$recipe" "${rows[@]}" \
+  "$python" -m harness.cli run --recipe "$recipe" "${rows[@]}" "${rounds[@]}" \
   --out "$work/runs" --timeout "$row_timeout" --stall-timeout "$stall_timeout"
 records="$(find "$work/runs" -mindepth 2 -maxdepth 2 -type d -name records -print -quit 2>/dev/null)"
+if (( calibrate )) && [[ -n "$records" ]]; then
+  step noise bash -c 'set -o pipefail; "$0" -m harness.cli noise "$1" --json "$2" | tee "$3"' \
+    "$python" "$records" "$work/noise-calibration.json" "$work/noise.txt" \
+    && sed 's/^/noise: /' "$work/noise.txt" >> "$summary"
+fi
 if [[ -n "$records" ]] && compgen -G "$records/*.json" > /dev/null; then
   if [[ -n "${GPU_CHECK_ROWS:-}" ]]; then
     say "golden: skipped (GPU_CHECK_ROWS: a chosen row set makes no golden; its records are in the archive)"
@@ -196,8 +227,8 @@ else
   status=1
 fi
 
-# Paired instrumentation cost (target <= 1% of step time on GPU).
-limited overhead "$overhead_cap" "$pack_reserve" "$python" benchmarks/instrumentation_overhead.py \
+# Paired instrumentation cost (target <= 1% of step time on GPU); not in a calibration's window.
+(( calibrate )) || limited overhead "$overhead_cap" "$pack_reserve" "$python" benchmarks/instrumentation_overhead.py \
   --recipe "$recipe" "${bench[@]}" --json "$work/instrumentation-overhead.json"
 
 if [[ -n "$without_extension" ]]; then

@@ -44,6 +44,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "per-rank whole-step peak of each recompute row, fit to a budget, and the cheapest that fits",
     ),
     "compare": ("compare", "compare run records with a golden"),
+    "noise": ("noise", "step-time noise of a sweep in rounds: warm-up, within- and between-job"),
     "analyze": ("analyze", "matched table of recompute choices against the [] control"),
     "select": ("select", "narrowest recompute boundary that fits a memory target"),
     "golden": ("golden", "refresh goldens from fresh run records"),

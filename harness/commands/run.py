@@ -41,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out", type=Path, default=Path("runs"), help="directory for the sweep (default: runs)"
     )
     parser.add_argument(
+        "--rounds",
+        type=int,
+        metavar="R",
+        help="run every row R times, each round in rotated order, to judge step time in rounds "
+        "against measured noise (default: one job per row, the control first)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         metavar="S",
@@ -99,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="SPEC",
         help="test hook, off by default: KIND:iteration=I,phase=P,rank=R[,row=NAME], "
-        "KIND one of oom, nan, hang, kill, exit",
+        "KIND one of oom, nan, inf, hang, kill, exit, slow (slow: ms=D more per step from I on)",
     )
 
 
@@ -120,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("run needs --recipe NAME (or --list)")
     _positive(args.timeout, "--timeout")
     _positive(args.stall_timeout, "--stall-timeout")
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {args.rounds}")
     recipe = load_recipe(args.recipe)
     if args.nproc_per_node is not None:
         recipe = with_world(recipe, nproc_per_node=args.nproc_per_node)
@@ -161,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             progress=progress,
             launcher=launcher,
             checked=True,
+            rounds=args.rounds,
         )
     report = sweep_report(directory, results)
     if args.json:

@@ -26,6 +26,7 @@ from harness.record.metrics import (
     metrics_in,
 )
 from harness.record.model import PIN_KEYS, Hardware, Outcome, ProbeMetrics, Record, Revisions
+from harness.record.step_time import by_round, first_round, in_rounds, record_steady_time
 from harness.record.vocabulary import RecordKind
 from harness.typed_json import NON_NEGATIVE, ObjectShape, check_json, part_of, rules
 
@@ -46,6 +47,15 @@ class WorkloadIdentity(TypedDict):
 WORKLOAD_IDENTITY_KEYS = tuple(WorkloadIdentity.__annotations__)
 
 
+# A row's step time measured in rounds (``run --rounds``; harness.record.step_time): per round, the
+# median of the steady iterations, the iterations warm-up took and the steady iterations counted.
+# A step-time tolerance is derived from these repeats when judging (harness.golden.judge).
+class StepTimeRounds(TypedDict):
+    median_ms: list[Annotated[float, NON_NEGATIVE]]
+    warmup: list[Annotated[int, NON_NEGATIVE]]
+    steady: list[Annotated[int, NON_NEGATIVE]]
+
+
 @dataclass
 class GoldenRow:
     label: str
@@ -55,7 +65,9 @@ class GoldenRow:
         metadata=rules(shape=part_of(Outcome, ("status", "iteration", "phase")))
     )
     values: dict[str, int | float | None]  # the registry says which, and their ranges
-    record: str | None = None  # id of the record the values came from
+    record: str | None = None  # id of the record the values came from (the first round's)
+    # None (no key): the golden was written from one job per row, its step time is ``values``' alone.
+    step_time: StepTimeRounds | None = None
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -66,6 +78,12 @@ class GoldenRow:
         }
         if self.record is not None:
             data["record"] = self.record
+        if self.step_time is not None:
+            data["step_time"] = {
+                "median_ms": list(self.step_time["median_ms"]),
+                "warmup": list(self.step_time["warmup"]),
+                "steady": list(self.step_time["steady"]),
+            }
         return data
 
 
@@ -108,6 +126,7 @@ class Golden:
                 dict(row["outcome"]),
                 dict(row["values"]),
                 row.get("record"),
+                None if row.get("step_time") is None else _step_time_rounds(row["step_time"]),
             )
             for row in data["rows"]
         ]
@@ -162,6 +181,26 @@ class Golden:
     @property
     def date(self) -> str:
         return str(self.provenance.get("date") or "")
+
+
+def _step_time_rounds(data: dict[str, Any]) -> StepTimeRounds:
+    return StepTimeRounds(
+        median_ms=list(data["median_ms"]), warmup=list(data["warmup"]), steady=list(data["steady"])
+    )
+
+
+def step_time_rounds(rounds: Sequence[Record]) -> StepTimeRounds | None:
+    """One row's jobs, a record per round in round order, as a golden keeps them; None when a job
+    timed too few iterations for a steady time."""
+    steady = [record_steady_time(record) for record in rounds]
+    if any(found is None for found in steady):
+        return None
+    kept = [found for found in steady if found is not None]
+    return StepTimeRounds(
+        median_ms=[found.median_ms for found in kept],
+        warmup=[found.warmup for found in kept],
+        steady=[found.steady for found in kept],
+    )
 
 
 def golden_values(
@@ -298,7 +337,7 @@ def golden_from_records(
         workload_identity(first),
         first.workload.environment,
     )
-    for record in records[1:]:
+    for record in records[1:]:  # every round's
         other = (
             record.kind,
             record.workload.recipe,
@@ -313,6 +352,13 @@ def golden_from_records(
                 f"(attention back end, MoE dispatcher) differ from record {first.id}; a golden covers one "
                 "recipe × hardware × revision pin × environment × workload"
             )
+    rounds = by_round(records) if any(in_rounds(record) for record in records) else None
+    every_record, records = records, first_round(records)
+    if rounds is not None and len({len(jobs) for jobs in rounds.values()}) > 1:
+        counts = ", ".join(f"{label} {len(jobs)}" for label, jobs in rounds.items())
+        raise UsageError(
+            f"rows measured in different numbers of rounds ({counts}); rerun the sweep"
+        )
     scope = None
     control = None
     if first.kind != "cpu-probe":
@@ -327,6 +373,7 @@ def golden_from_records(
             record.outcome.stage(),
             golden_values(record, scope, control),
             record.id,
+            None if rounds is None else step_time_rounds(rounds[record.label]),
         )
         for record in records
     ]
@@ -343,7 +390,7 @@ def golden_from_records(
         provenance={
             **provenance,
             "versions": first.revisions.to_json(),
-            "records": [r.id for r in records],
+            "records": [r.id for r in every_record],
         },
         tolerance=policy,
         rows=rows,
@@ -458,6 +505,9 @@ def validate_golden(golden: Any, source: str) -> dict[str, Any]:
                 check_json(_MEASURED_VALUE, value, source, f"{where}.values.{metric}")
             if metric not in tolerance:
                 fail(f"{where}.values.{metric}: no tolerance rule for this metric")
+    timed = [row["step_time"] for row in rows if row.get("step_time") is not None]
+    if len({len(part) for found in timed for part in found.values()}) > 1:
+        fail("rows[].step_time: every row holds the same number of rounds in each list")
     with_effects = [
         row["label"] for row in rows if any(name in row["values"] for name in EFFECT_METRICS)
     ]

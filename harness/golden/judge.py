@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness.config.label_facts import LABEL_FACTS
 from harness.errors import UsageError
 from harness.golden.format import (
     Golden,
+    GoldenRow,
     describe_pins,
     golden_values,
     identity_differences,
@@ -36,6 +38,34 @@ from harness.record.metrics import (
 )
 from harness.record.metrics import metric as metric_named
 from harness.record.model import Record
+from harness.record.step_time import (
+    Noise,
+    StepTimeDecision,
+    StepTimeRule,
+    as_pct,
+    by_round,
+    decide,
+    first_round,
+    noise_from_equal_rows,
+    noise_from_repeats,
+    record_steady_time,
+    round_effect,
+    round_index,
+)
+from harness.record.vocabulary import RecordKind
+
+# A row whose peak-allocated saving is within this many percent of zero freed nothing (moe_act on the
+# H200 mcore image: -0.01 %, a 3 MB allocator difference).
+INERT_SAVING_PCT = 0.1
+# Judged together by ``StepTimeRule`` when the golden gives a noise to judge them against: a step time
+# and the throughput it implies (TFLOP/s is the fixed FLOPs of the step over its time) are one
+# measurement, tested once.
+STEP_TIME_METRICS = (
+    MetricName.STEP_TIME_MS,
+    MetricName.STEP_TIME_COST_PCT,
+    MetricName.TFLOPS_PER_GPU,
+    MetricName.TFLOPS_CHANGE_PCT,
+)
 
 
 @dataclass(frozen=True)
@@ -231,9 +261,20 @@ def compare_records(
                 "pass",
             )
         )
+    rounds = by_round(records)
+    numbers = {label: [round_index(job) for job in jobs] for label, jobs in rounds.items()}
+    if any(len(set(found)) != len(found) for found in numbers.values()):
+        raise UsageError(
+            "two records share one recompute row and round; compare one record per row and round"
+        )
+    if len({tuple(found) for found in numbers.values()}) > 1:
+        shown = "; ".join(f"{label} {found}" for label, found in numbers.items())
+        raise UsageError(
+            f"the rows were not measured in the same rounds ({shown}): each round pairs every row "
+            "with that round's control; compare complete rounds"
+        )
+    records = first_round(records)
     by_label = {record.label: record for record in records}
-    if len(by_label) != len(records):
-        raise UsageError("two records share one recompute row; compare one record per row")
     control = None
     if golden.judges_effects:
         control = matched_control(records)
@@ -242,6 +283,7 @@ def compare_records(
                 f"{golden_path} judges each row against its [] control, and these records have "
                 "none: measure the [] control in the same sweep"
             )
+    timing = step_time_checks(golden, rounds)
     for row in golden.rows:
         if row.label not in by_label:
             comparison.checks.append(
@@ -275,6 +317,8 @@ def compare_records(
             and (not effect_row or declared_metric(name).scope == "count")
         ]
         inactive = _inactive_verdict(row.values, actual_values) if effect_row else None
+        if timing is not None:
+            judged = [name for name in judged if name not in STEP_TIME_METRICS]
         for metric in judged:
             check = _judge(
                 metric, row.values[metric], actual_values.get(metric), golden.tolerance[metric]
@@ -282,6 +326,8 @@ def compare_records(
             if inactive and metric == MetricName.SAVING_ALLOCATED_PCT and not check.passed:
                 check = replace(check, verdict=inactive)
             comparison.checks.append(replace(check, label=row.label))
+        if timing is not None and row.label in timing:
+            comparison.checks.append(timing[row.label])
     for label in by_label:
         comparison.checks.append(
             MetricCheck(
@@ -295,6 +341,127 @@ def compare_records(
             )
         )
     return comparison
+
+
+def _golden_series(row: GoldenRow) -> list[float] | None:
+    """A golden row's step time per round: its rounds, or a golden of one job per row's one value."""
+    if row.step_time is not None:
+        return list(row.step_time["median_ms"])
+    value = row.values.get(MetricName.STEP_TIME_MS)
+    return None if value is None else [float(value)]
+
+
+def _night_series(jobs: Sequence[Record], steady: bool) -> list[float] | None:
+    """A night's step time per round, read as the golden read its own: each job's steady median
+    (``steady``: a golden in rounds), else its headline (the steady window's mean)."""
+    values: list[float] = []
+    for job in jobs:
+        if steady:
+            found = record_steady_time(job)
+            value: float | None = None if found is None else found.median_ms
+        else:
+            headline = job.headline[MetricName.STEP_TIME_MS]
+            value = None if headline is None else float(headline)
+        if value is None:
+            return None
+        values.append(value)
+    return values
+
+
+def golden_noise(golden: Golden, night_ms: dict[str, list[float]]) -> Noise | None:
+    """The noise a golden's step times are judged against: each row's spread over the golden's
+    rounds and tonight's, when either has several; else the golden's rows that must equal ``[]``
+    (``does_nothing``), each an A/A pair; None when it has neither (its fixed rules judge then)."""
+    control_row = next((row for row in golden.rows if row.recompute.is_control), None)
+    control = None if control_row is None else _golden_series(control_row)
+    if control_row is None or control is None:
+        return None
+    series = {row.label: found for row in golden.rows if (found := _golden_series(row)) is not None}
+    tonight = len(night_ms.get(control_row.label, ()))
+    if max(len(control), tonight) > 1:
+        return noise_from_repeats(
+            [series, night_ms], f"each row's repeats (golden {len(control)}, tonight {tonight})"
+        )
+    inert = {
+        row.label: round_effect(series[row.label], control)
+        for row in golden.rows
+        if row.label in series and does_nothing(golden, row)
+    }
+    equal = noise_from_equal_rows(inert, list(series))
+    return (
+        None if equal is None else replace(equal, source=f"{equal.source} of the golden's 1 round")
+    )
+
+
+def does_nothing(golden: Golden, row: GoldenRow) -> bool:
+    """A row that must time as ``[]``: its label is implemented only by a Transformer Engine class, the
+    golden's measured stack has no TE (Megatron Core accepts the label and ignores it: ``moe_act`` with
+    SequentialMLP experts on the mcore image), and the row indeed freed no memory."""
+    facts = LABEL_FACTS.get(row.label)
+    saving = row.values.get(MetricName.SAVING_ALLOCATED_PCT)
+    return (
+        golden.kind == RecordKind.RUN
+        and not golden.pins.get("transformer_engine")
+        and facts is not None
+        and facts.te_class is not None
+        and saving is not None
+        and abs(saving) < INERT_SAVING_PCT
+    )
+
+
+def step_time_checks(
+    golden: Golden, rounds: dict[str, list[Record]]
+) -> dict[str, MetricCheck] | None:
+    """Each row's step-time line (``harness.record.step_time.decide``), judged in rounds against the
+    measured noise: the control by its absolute time, every other row by its effect against the
+    control of its own round. None when there is no noise to judge against: the golden's fixed rules
+    judge step time then."""
+    control_row = next((row for row in golden.rows if row.recompute.is_control), None)
+    if (
+        golden.kind == RecordKind.CPU_PROBE
+        or control_row is None
+        or control_row.label not in rounds
+    ):
+        return None  # a CPU probe times nothing
+    steady = control_row.step_time is not None
+    golden_ms: dict[str, list[float]] = {}
+    night_ms: dict[str, list[float]] = {}
+    for row in golden.rows:
+        before = _golden_series(row)
+        if before is None or row.label not in rounds:
+            continue
+        now = _night_series(rounds[row.label], steady)
+        if now is not None:
+            golden_ms[row.label], night_ms[row.label] = before, now
+    if control_row.label not in golden_ms:
+        return None
+    noise = golden_noise(golden, night_ms)
+    if noise is None or control_row.label not in noise.rows:
+        return None
+    rule, decisions = decide(golden_ms, night_ms, control_row.label, noise)
+    return {label: _check(label, rule, decision) for label, decision in decisions.items()}
+
+
+def _check(label: str, rule: StepTimeRule, decision: StepTimeDecision) -> MetricCheck:
+    metric = MetricName.STEP_TIME_MS if decision.absolute else MetricName.STEP_TIME_COST_PCT
+    shown = rule.describe(decision.spread)
+    if decision.night_standard_error is not None:
+        shown = f"tonight ±{as_pct(decision.night_standard_error):.1f} pp s.e.; {shown}"
+    verdict = (
+        "pass"
+        if decision.passed
+        else _direction(metric, decision.golden, decision.night, effect=not decision.absolute)
+    )
+    return MetricCheck(
+        label,
+        metric,
+        decision.golden,
+        decision.night,
+        as_pct(decision.change) if decision.absolute else None,
+        shown,
+        verdict,
+        decision.night - decision.golden,
+    )
 
 
 # Across revisions a card study is judged by its effects only, each within half the smallest gap the
@@ -319,6 +486,7 @@ def compare_effects(golden: Golden, records: Sequence[Record], golden_path: str)
                 f"({record.workload.recipe} on {record.hardware.profile()}, golden {golden.recipe} on "
                 f"{golden.hardware})"
             )
+    records = first_round(records)  # across revisions step time is judged at 0.9 pp, round 1's
     control = matched_control(records)
     if control is None:
         raise UsageError(

@@ -15,6 +15,7 @@ from harness.errors import UsageError
 from harness.files import read_bounded_text, write_json_atomic
 from harness.record.model import Record
 from harness.record.schema import SCHEMA, SCHEMA_VERSION
+from harness.record.step_time import ROUND_KEY
 
 
 def _reject_constant(name: str) -> Any:
@@ -200,11 +201,13 @@ def load_records(paths: Iterable[Path | str]) -> list[Record]:
 
 
 def row_key(record: Record) -> str:
-    """What makes two records the same row: everything that was configured, nothing that was measured."""
+    """What makes two records the same row: everything that was configured, nothing that was measured;
+    a sweep in rounds measures each row once per round."""
     workload = {k: v for k, v in record.workload.to_json().items() if k != "extra"}
     return json.dumps(
         [
             record.kind,
+            record.workload.extra.get(ROUND_KEY),
             workload,
             record.hardware.profile(),
             record.revisions.to_json(),

@@ -10,6 +10,7 @@ from typing import Any
 
 from harness.compare.analysis import Analysis, analyse
 from harness.errors import UsageError
+from harness.record.step_time import first_round
 from harness.report.json_report import analysis_json
 from harness.report.plot import nothing_to_plot, plot_analysis
 from harness.run.runner import RowResult
@@ -31,7 +32,8 @@ def sweep_report(directory: Path, results: Sequence[RowResult]) -> SweepReport:
     """Analyse the sweep's records and draw their plot. A plot that cannot be drawn (only the control
     measured) or written (a disk that filled as the sweep ended) is kept as a reason, so it never hides
     the records and the analysis, which are the sweep's product."""
-    analysis = analyse([result.record for result in results])
+    # A sweep in rounds is analysed by its first round (step time in rounds is compare's to judge).
+    analysis = analyse(first_round([result.record for result in results]))
     plot: Path | None = None
     unwritten: UsageError | None = None
     why_not = nothing_to_plot(analysis)

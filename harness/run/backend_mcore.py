@@ -149,33 +149,47 @@ class MCoreTraining:
 
 def build(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
     """Parallel state + the style model with the row's recompute fields (phase ``model-build``)."""
-    options = recipe.backend_options
-    layout = recipe.parallelism
-    world = recipe.world_size
     with instrument.phase(0, "model-build"):
         # Collectives may wait as long as the row may run: a stall is the runner's call, not gloo's.
-        _init_parallel(layout, recipe.device, recipe.timeout_s)
+        _init_parallel(recipe.parallelism, recipe.device, recipe.timeout_s)
         instrument.device_ready()
-        model = build_model(
-            recipe.model,
-            RecomputeFields.parse(row),
-            seq_length=recipe.seq_length,
-            micro_batch_size=recipe.micro_batch_size,
-            dtype=_DTYPES[recipe.precision],
-            device=recipe.device,
-            seed=SEED,
-            expert_model_parallel_size=layout.ep,
-            **options.get("config", {}),
-        )
-        model.module.train()
+        model = _model(recipe, row)
+    return _training(recipe, model, instrument)
+
+
+def training_for(recipe: Recipe, row: str, instrument: Instrument) -> MCoreTraining:
+    """``row``'s model and optimizer on the parallel state ``build`` set up: a second model in the
+    same process (benchmarks/interleaved_noise.py alternates blocks of two rows' iterations)."""
+    return _training(recipe, _model(recipe, row), instrument)
+
+
+def _model(recipe: Recipe, row: str) -> TinyModel:
+    model = build_model(
+        recipe.model,
+        RecomputeFields.parse(row),
+        seq_length=recipe.seq_length,
+        micro_batch_size=recipe.micro_batch_size,
+        dtype=_DTYPES[recipe.precision],
+        device=recipe.device,
+        seed=SEED,
+        expert_model_parallel_size=recipe.parallelism.ep,
+        **recipe.backend_options.get("config", {}),
+    )
+    model.module.train()
+    return model
+
+
+def _training(recipe: Recipe, model: TinyModel, instrument: Instrument) -> MCoreTraining:
     # As run (the record's workload identity): the style models use MCore's local attention spec.
     instrument.note("attention_backend", "local")
     if model.config.num_moe_experts:
         instrument.note("moe_dispatcher", model.config.moe_token_dispatcher_type)
     micro_batches = recipe.global_batch_size // (
-        recipe.micro_batch_size * layout.data_parallel(world)
+        recipe.micro_batch_size * recipe.parallelism.data_parallel(recipe.world_size)
     )
-    return MCoreTraining(model, micro_batches, float(options.get("lr", 1e-4)), dist.get_rank())
+    return MCoreTraining(
+        model, micro_batches, float(recipe.backend_options.get("lr", 1e-4)), dist.get_rank()
+    )
 
 
 def instrumented_iteration(training: MCoreTraining, iteration: int, instrument: Instrument) -> None:

@@ -9,7 +9,9 @@ real 80 GB OOM. Spec: ``KIND:iteration=I,phase=P,rank=R`` with KIND one of
 - ``hang`` block rank R forever at the start of phase P (the other ranks then wait in a collective);
 - ``kill`` rank R SIGKILLs itself at the start of phase P (no error line, no error file: torchrun's
   exit code is the only evidence);
-- ``exit`` rank R exits 0 at the start of phase P without reporting anything more.
+- ``exit`` rank R exits 0 at the start of phase P without reporting anything more;
+- ``slow`` rank R sleeps ``ms=D`` milliseconds at the start of phase P in iteration I and every one
+  after it: a row made slower in every step, which the step-time judge must name (issue 42).
 
 Each back end fires the phases it marks (``BACKEND_PHASES``); a fault at a phase its back end never
 enters is refused before launch, and a fault that was armed but never fired fails its row (runner).
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     import torch
 
 FAULT_ENV = "RECOMPUTE_HARNESS_FAULT"
-KINDS = ("oom", "nan", "inf", "hang", "kill", "exit")
+KINDS = ("oom", "nan", "inf", "hang", "kill", "exit", "slow")
 LOSS_KINDS = ("nan", "inf")
 # The phases each back end marks (and so can fire a fault in). The mcore loop marks every training
 # phase and captures no CUDA graphs; the bridge back end sees Bridge's loop only through its callbacks
@@ -63,15 +65,19 @@ class Fault:
     phase: str = "forward"
     rank: int = 0
     row: str | None = None
+    delay_ms: float = 0.0  # slow: the sleep added to every step from ``iteration`` on
 
     def spec(self) -> str:
         row = "" if self.row is None else f",row={self.row}"
-        return f"{self.kind}:iteration={self.iteration},phase={self.phase},rank={self.rank}{row}"
+        delay = f",ms={self.delay_ms:g}" if self.kind == "slow" else ""
+        return f"{self.kind}:iteration={self.iteration},phase={self.phase},rank={self.rank}{delay}{row}"
 
     def applies_to(self, row: str) -> bool:
         return self.row is None or self.row == row
 
     def fires(self, iteration: int, phase: str, rank: int) -> bool:
+        if self.kind == "slow":
+            return iteration >= self.iteration and (phase, rank) == (self.phase, self.rank)
         return (iteration, phase, rank) == (self.iteration, self.phase, self.rank)
 
     def at_phase_start(self, iteration: int, phase: str, rank: int) -> None:
@@ -91,6 +97,8 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
         if self.kind == "exit":
             os._exit(0)
+        if self.kind == "slow":
+            time.sleep(self.delay_ms / 1000.0)
 
     def poisons(self, iteration: int, rank: int) -> bool:
         return self.kind in LOSS_KINDS and self.fires(iteration, "forward", rank)
@@ -118,11 +126,19 @@ def parse_fault(spec: str) -> Fault:
     values: dict[str, str] = {}
     for item in filter(None, params.split(",")):
         key, sep, value = item.partition("=")
-        if not sep or key not in ("iteration", "phase", "rank", "row") or key in values:
+        if not sep or key not in ("iteration", "phase", "rank", "row", "ms") or key in values:
             raise UsageError(
                 f"fault {spec!r}: expected iteration=I,phase=P,rank=R[,row=NAME], got {item!r}"
             )
         values[key] = value
+    if ("ms" in values) != (kind == "slow"):
+        raise UsageError(f"fault {spec!r}: ms=D (a delay per step) belongs to, and only to, slow")
+    try:
+        delay_ms = float(values.get("ms", "0"))
+    except ValueError:
+        raise UsageError(f"fault {spec!r}: ms is a number of milliseconds") from None
+    if kind == "slow" and not 0 < delay_ms < 60_000:
+        raise UsageError(f"fault {spec!r}: ms must be above 0 and below 60000, got {delay_ms:g}")
     phase = values.get("phase", "forward")
     if phase not in PHASES:
         raise UsageError(f"fault {spec!r}: phase must be one of {', '.join(PHASES)}")
@@ -138,7 +154,7 @@ def parse_fault(spec: str) -> Fault:
         raise UsageError(
             f"fault {spec!r}: iterations count from 1 (0 is model-build), ranks from 0"
         )
-    return Fault(kind, iteration, phase, rank, values.get("row"))
+    return Fault(kind, iteration, phase, rank, values.get("row"), delay_ms)
 
 
 def fault_from_env() -> Fault | None:

@@ -32,6 +32,7 @@ from harness.files import ensure_dir, write_json_atomic
 from harness.processes import exit_cause, exit_if_stopped
 from harness.record.io import write_record, write_sweep_plan
 from harness.record.model import Record
+from harness.record.step_time import in_round
 from harness.run.assemble import StackDisagreement, build_record, ranks_revisions
 from harness.run.classify import Classification, against_control, classify
 from harness.run.environment import declared_environment
@@ -178,9 +179,29 @@ def check_launchable(
         check_bridge_rows(recipe, sweep_rows(recipe, rows))
 
 
-def record_file(row: str) -> str:
-    """Where a row's record goes, relative to its sweep directory."""
-    return f"records/{row_slug(row)}.json"
+def record_file(row: str, round_number: int | None = None) -> str:
+    """Where a row's record goes, relative to its sweep directory (one per round in rounds)."""
+    return f"records/{job_slug(row, round_number)}.json"
+
+
+def job_slug(row: str, round_number: int | None) -> str:
+    """A job's name in its sweep: the row's, led by its round in a sweep of rounds."""
+    return row_slug(row) if round_number is None else f"r{round_number}-{row_slug(row)}"
+
+
+def round_order(rows: Sequence[str], round_number: int) -> list[str]:
+    """Round ``round_number`` (1-based) runs ``rows`` rotated by ``round_number - 1``: over as many
+    rounds as rows each row runs first once and in every position once (a Latin-square rotation), so
+    no row always meets the machine's first-job state or the same predecessor's leftovers."""
+    shift = (round_number - 1) % len(rows)
+    return [*rows[shift:], *rows[:shift]]
+
+
+def sweep_jobs(rows: Sequence[str], rounds: int | None) -> list[tuple[str, int | None]]:
+    """(row, round) in the order they run; ``rounds`` None: one job per row, the control first."""
+    if rounds is None:
+        return [(row, None) for row in rows]
+    return [(row, number) for number in range(1, rounds + 1) for row in round_order(rows, number)]
 
 
 def sweep_dir(out: Path, recipe: Recipe) -> Path:
@@ -199,10 +220,16 @@ def run_sweep(
     progress: Progress | None = None,
     launcher: Launcher = Launcher(),
     checked: bool = False,
+    rounds: int | None = None,
 ) -> tuple[Path, list[RowResult]]:
     """Run the rows; ``checked``: the caller has already run ``check_launchable`` (it costs a bridge
-    recipe two child processes, ~30 s)."""
+    recipe two child processes, ~30 s). ``rounds``: every row that many times, each round in rotated
+    order (``round_order``), each job's record marked with its round (step time is judged in rounds,
+    harness.record.step_time); None: one job per row."""
     chosen = sweep_rows(recipe, rows)
+    if rounds is not None and rounds < 1:
+        raise UsageError(f"--rounds must be at least 1, got {rounds}")
+    jobs = sweep_jobs(chosen, rounds)
     if not checked:
         check_launchable(recipe, faults, launcher, rows)
     timeout_s = recipe.timeout_s if timeout_s is None else timeout_s
@@ -213,7 +240,14 @@ def run_sweep(
     declared = declared_environment(os.environ) if launcher.kind == "local" else None
     directory = sweep_dir(out, recipe)
     try:
-        write_sweep_plan(directory, recipe.name, {row: record_file(row) for row in chosen})
+        write_sweep_plan(
+            directory,
+            recipe.name,
+            {
+                row if number is None else f"{row} (round {number})": record_file(row, number)
+                for row, number in jobs
+            },
+        )
     except (
         UsageError
     ):  # nothing of this sweep reached the disk (a full one): leave no empty sweep behind
@@ -221,12 +255,13 @@ def run_sweep(
         raise
     results: list[RowResult] = []
     control: Classification | None = None
-    for row in chosen:
+    for row, number in jobs:
         exit_if_stopped()
         result = run_one_row(
             recipe,
             row,
             directory,
+            round_number=number,
             fault=next((f for f in faults if f.applies_to(row)), None),
             timeout_s=timeout_s,
             stall_timeout_s=stall_timeout_s,
@@ -253,10 +288,12 @@ def run_one_row(
     progress: Progress | None,
     launcher: Launcher = Launcher(),
     declared: dict[str, str] | None = None,
+    round_number: int | None = None,
 ) -> RowResult:
     """One row under torchrun. ``declared``: the row's recorded environment, written into its spec, given
-    to torchrun exactly and checked by every rank at its start (None: inherited, recorded as it is)."""
-    slug = row_slug(row)
+    to torchrun exactly and checked by every rank at its start (None: inherited, recorded as it is).
+    ``round_number``: the round of a sweep in rounds this job is, kept in its record."""
+    slug = job_slug(row, round_number)
     row_dir = directory / "rows" / slug
     ensure_dir(row_dir)
     spec = {
@@ -273,7 +310,7 @@ def run_one_row(
         "command": shlex.join(sys.argv),
         "notes": f"evidence: {row_dir}",
     }
-    record_path = directory / record_file(row)
+    record_path = directory / record_file(row, round_number)
     try:
         launch = run_row(
             row_dir,
@@ -320,6 +357,8 @@ def run_one_row(
         outcome = against_control(outcome, control)
     revisions = ranks_revisions(row, ranks, *launcher.expected_stack())
     record = build_record(recipe, row, ranks, outcome, revisions=revisions, provenance=provenance)
+    if round_number is not None:
+        record = in_round(record, round_number)
     write_record(record_path, record)
     if progress is not None:
         progress.row_finished(row, outcome, launch.elapsed_s)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -25,9 +26,9 @@ SCRIPT = ROOT / "ci" / "gpu-check-h200.sh"
 MARKER_ENV = "RECOMPUTE_HARNESS_TEST_MARKER"
 
 
-def _rehearse(out: Path, **env: str) -> tuple[int, list[str]]:
+def _rehearse(out: Path, *flags: str, **env: str) -> tuple[int, list[str]]:
     child = subprocess.run(
-        ["bash", str(SCRIPT), "--rehearse-on-cpu"],
+        ["bash", str(SCRIPT), *flags, "--rehearse-on-cpu"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -60,6 +61,29 @@ def test_the_rehearsal_runs_every_step_and_packs_what_it_measured(tmp_path):
     assert sum(n.endswith(".json") and "/records/" in n for n in names) == len(rows)
     assert {"./gpu-check.log", "./revisions.txt", "./instrumentation-overhead.json"} <= set(names)
     assert not any(n.startswith("./golden/") and n.endswith(".json") for n in names)
+
+
+def test_the_noise_calibration_rehearsal_runs_rounds_and_reports_their_noise(tmp_path):
+    # Issue 42 item 5: rows [] and moe_act of the CPU recipe (10 iterations) in 2 rotated rounds, the
+    # noise step's figures in the summary and the archive, no overhead step.
+    rc, summary = _rehearse(tmp_path, "--calibrate")
+    assert rc == 0, "\n".join(summary)
+    assert "noise calibration: 2 rounds of the row set, rotated" in summary
+    for step in ("revisions", "sweep", "noise"):
+        assert f"{step}: ok" in summary
+    assert not any(line.startswith("overhead") for line in summary)
+    assert (
+        "golden: ok (refused on CPU records, as it must be; a GPU run writes the golden)" in summary
+    )
+    noise = [line for line in summary if line.startswith("noise: ")]
+    assert any(line.startswith("noise: []: 2 rounds, warm-up") for line in noise), noise
+    assert any("moe_act: 2 rounds" in line and "vs [] " in line for line in noise), noise
+    with tarfile.open(tmp_path / "gpu-check.tar.gz") as archive:
+        names = archive.getnames()
+        figures = json.load(archive.extractfile("./noise-calibration.json"))
+    records = sorted(n.rsplit("/", 1)[1] for n in names if "/records/" in n and n.endswith(".json"))
+    assert records == ["r1-control.json", "r1-moe_act.json", "r2-control.json", "r2-moe_act.json"]
+    assert figures["rows"]["moe_act"]["rounds"] == 2 and len(figures["rows"]["[]"]["warmup"]) == 2
 
 
 def test_a_failing_step_does_not_stop_the_others_from_reporting(tmp_path):
