@@ -103,7 +103,7 @@ NEUTRAL_READS = {
     "init_method_xavier_uniform": "initialisation: values, not shapes",
     "data_parallel_random_init": "initialisation: values, not shapes",
     "distributed_timeout_minutes": "a process-group timeout",
-    "disable_gloo_process_groups": "CPU (gloo) process groups, no GPU tensors",
+    "use_gloo_process_groups": "CPU (gloo) process groups, no GPU tensors",
     "create_all_gather_group": "a process group (NCCL's buffers are outside the allocator)",
     "save": "where checkpoints go",
     "load": "where checkpoints come from (loaded before the first step)",
@@ -206,6 +206,14 @@ def parser_flags(repo: str, commit: str) -> dict[str, dict[str, object]]:
         if not (isinstance(function, ast.FunctionDef) and function.name.startswith("_add_")):
             continue
         group = function.name.removeprefix("_add_").removesuffix("_args")
+        # ``exclude=exclude``: the list assigned to that name in the same function
+        lists = {
+            t.id: _literal(n.value)
+            for n in ast.walk(function)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         for node in ast.walk(function):
             if not isinstance(node, ast.Call):
                 continue
@@ -224,12 +232,15 @@ def parser_flags(repo: str, commit: str) -> dict[str, dict[str, object]]:
                     flags[name] = {"dest": dest, "group": group, "float": is_float}
             if getattr(node.func, "id", "") == "ArgumentGroupFactory" and node.args:
                 config = getattr(node.args[0], "id", "")
-                excluded = {
-                    str(x)
-                    for k in node.keywords
-                    if k.arg == "exclude"
-                    for x in (_literal(k.value) or ())  # type: ignore[attr-defined]
-                }
+                excluded: set[str] = set()
+                for k in node.keywords:
+                    if k.arg == "exclude":
+                        value = (
+                            lists.get(k.value.id)
+                            if isinstance(k.value, ast.Name)
+                            else _literal(k.value)
+                        )
+                        excluded.update(str(x) for x in value or ())  # type: ignore[attr-defined]
                 for field in _with_bases(classes, config):
                     if field["name"] in excluded:
                         continue

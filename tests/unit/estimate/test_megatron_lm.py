@@ -68,11 +68,11 @@ def test_fp8_takes_the_configs_default_recipe_unless_one_is_given():
     ("extra", "says"),
     [
         (["--frobnicate"], "--frobnicate is not a Megatron-LM d98e8a64 flag"),
+        (["--use-megatron-fsdp"], "Megatron FSDP (--use-megatron-fsdp) is not modelled"),
         (
-            ["--use-megatron-fsdp"],
-            "--use-megatron-fsdp (distributed arguments) could change memory",
+            ["--cpu-offloading-num-layers", "2"],
+            "CPU offloading (--cpu-offloading-num-layers) is not modelled",
         ),
-        (["--cpu-offloading"], "CPU offloading (--cpu-offloading) is not modelled"),
         (["--context-parallel-size", "2"], "context parallelism"),
         (["--optimizer", "muon"], "--optimizer muon: plan models adam and sgd"),
     ],
