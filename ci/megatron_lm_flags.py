@@ -126,7 +126,12 @@ NEUTRAL_READS = {
     "fake_process_group": "a test process group: no communication, the same tensors",
 }
 READ_ROOTS = ("megatron/", "pretrain_gpt.py", "pretrain_hybrid.py", "pretrain_mamba.py")
-READ_ROOTS_EXTRA = ("gpt_builders.py", "hybrid_builders.py", "mamba_builders.py", "model_provider.py")
+READ_ROOTS_EXTRA = (
+    "gpt_builders.py",
+    "hybrid_builders.py",
+    "mamba_builders.py",
+    "model_provider.py",
+)
 
 
 def _git(repo: str, *args: str) -> str:
@@ -269,7 +274,7 @@ class _Reads(ast.NodeVisitor):
         self.generic_visit(node)
         self.function = outer
 
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815 (ast.NodeVisitor's naming)
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if isinstance(node.value, ast.Name) and node.value.id in ("args", "_args"):
@@ -319,7 +324,10 @@ def _derivations(source: str) -> list[tuple[set[str], set[str]]]:
                         else [statement.target]
                     )
                     for target in targets:
-                        if isinstance(target, ast.Attribute) and getattr(target.value, "id", "") == "args":
+                        if (
+                            isinstance(target, ast.Attribute)
+                            and getattr(target.value, "id", "") == "args"
+                        ):
                             assigned.add(target.attr)
             for sub in ast.walk(node.test if isinstance(node, ast.If) else node.value):
                 if isinstance(sub, ast.Attribute) and getattr(sub.value, "id", "") == "args":
@@ -342,7 +350,8 @@ def classify(repo: str, commit: str) -> dict[str, dict[str, object]]:
     paths = [
         p
         for p in _git(repo, "ls-tree", "-r", "--name-only", commit).split()
-        if p.endswith(".py") and (p.startswith(READ_ROOTS) or p in READ_ROOTS_EXTRA)
+        if p.endswith(".py")
+        and (p.startswith(READ_ROOTS) or p in READ_ROOTS_EXTRA)
         and "/tests/" not in p
     ]
     sites: dict[str, set[str]] = {}

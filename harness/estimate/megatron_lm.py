@@ -314,7 +314,9 @@ def _parser() -> argparse.ArgumentParser:
     add("--attention-softmax-in-fp32", action="store_true")
     add("--no-create-attention-mask-in-dataloader", action="store_false", dest="attention_mask")
     add("--hybrid-layer-pattern", default=None)
-    add("--hybrid-override-pattern", default=None)  # validate_args: the deprecated name of the above
+    add(
+        "--hybrid-override-pattern", default=None
+    )  # validate_args: the deprecated name of the above
     add("--spec", nargs="+", default=None)
     # Routing's load balancing and its loss coefficient: handed to the config (one value: a str /
     # float, as validate_args makes it); the CPU MoE layers are measured with them.
