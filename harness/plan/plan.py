@@ -209,6 +209,11 @@ def plan(
             labelled.insert(0, (GIVEN, resolved_row(workload, given)))
         rejected = _rejections(workload, [fields for _, fields in labelled])
     table = LayerTable.from_estimate(estimate)
+    # Rows the layer measurement found MCore cannot run (the worker's rejections: the validator
+    # passes them): rejected as well, with the worker's rule and reason.
+    for name, row in table.rows.items():
+        if row.get("status") == REJECTED and row.get("rule"):
+            rejected.setdefault(name, (row["rule"], row["reason"]))
     kinds = list(workload.arch.layer_kinds)
     out = [
         _row(workload, counts, table, kinds, label, fields, rejected, budget_bytes)
