@@ -496,6 +496,11 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         args.hybrid_layer_pattern = args.hybrid_override_pattern
     _check_spec(args.spec, hybrid=args.hybrid_layer_pattern is not None)
     if args.hybrid_layer_pattern is not None:
+        args.hybrid_layer_pattern, segments = _pipeline_segments(
+            args.hybrid_layer_pattern, given.get("pipeline_model_parallel_size", 1)
+        )
+        if segments is not None:
+            args.num_virtual_stages_per_pipeline_rank = segments
         # validate_args: the pattern's layer count replaces --num-layers
         args.num_layers = len(_layer_kinds({}, args.hybrid_layer_pattern))
         given["num_layers"] = args.num_layers
@@ -643,6 +648,23 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         given=_given_row(args),
         ignored=tuple(ignored),
     )
+
+
+def _pipeline_segments(pattern: str, pp: int) -> tuple[str, int | None]:
+    """A hybrid pattern's ``|`` pipeline segments (validate_args: they lay out the pipeline, their
+    count over PP the virtual stages): the pattern without them, and the virtual stages per rank
+    (None without segments). Segments of unequal layer counts are an uneven pipeline: refused."""
+    from megatron.core.models.hybrid.hybrid_layer_allocation import Symbols
+
+    if Symbols.PIPE not in pattern:
+        return pattern, None
+    segments = pattern.split(Symbols.PIPE)
+    if len({len(segment) for segment in segments}) != 1 or len(segments) % pp:
+        raise UsageError(
+            "Megatron-LM flags: uneven pipelines (--hybrid-layer-pattern segments of "
+            f"{'/'.join(str(len(s)) for s in segments)} layers over PP {pp}) are not modelled"
+        )
+    return "".join(segments), len(segments) // pp
 
 
 def _check_spec(spec: list[str] | None, hybrid: bool) -> None:
