@@ -86,7 +86,6 @@ _ROW_FIELDS = (
 _PRECISION_FIELDS = ("bf16", "fp16", "fp8", "fp8_recipe", "fp4")
 # Given, these change a step's memory in ways plan does not model: refused, naming the flag.
 _NOT_MODELLED = {
-    "context_parallel_size": "context parallelism (the CPU core attentions have no CP)",
     "mtp_num_layers": "multi-token prediction layers",
     "cuda_graph_impl": "CUDA graphs (their private pools)",
     "enable_cuda_graph": "CUDA graphs (their private pools)",
@@ -104,8 +103,6 @@ _FEATURES = {
     "use_megatron_fsdp": "Megatron FSDP",
     "use_torch_fsdp2": "torch FSDP2",
     "data_parallel_sharding_strategy": "Megatron FSDP",
-    "num_distributed_optimizer_instances": "a partial distributed optimizer",
-    "overlap_param_gather_with_optimizer_step": "parameter gather overlapped with the step",
     "pipeline_model_parallel_layout": "uneven pipelines (a pipeline layout)",
     "decoder_first_pipeline_num_layers": "uneven pipelines",
     "decoder_last_pipeline_num_layers": "uneven pipelines",
@@ -113,8 +110,7 @@ _FEATURES = {
     "account_for_loss_in_pipeline_split": "uneven pipelines",
     "cuda_graph_modules": "CUDA graphs (their private pools)",
     "cuda_graph_scope": "CUDA graphs (their private pools)",
-    "cp_comm_type": "context parallelism",
-    "hierarchical_context_parallel_sizes": "context parallelism",
+    "hierarchical_context_parallel_sizes": "hierarchical context parallelism",
     "linear_attention_freq": "linear attention layers",
     "optimizer_cpu_offload": "optimizer CPU offload",
     "heterogeneous_layers_config_path": "heterogeneous layers",
@@ -160,6 +156,7 @@ class MegatronLMRun:
     max_position_embeddings: int
     optimizer: str  # adam or sgd
     distributed_optimizer: bool
+    distributed_optimizer_instances: int
     grad_reduce_in_fp32: bool
     main_param_bytes: int
     optimizer_state_bytes: int  # per parameter: Adam's two moments, SGD's momentum
@@ -338,9 +335,12 @@ def _parser() -> argparse.ArgumentParser:
         "--ddp-average-in-collective",
         "--no-gradient-reduce-div-fusion",
         "--ddp-pad-buckets-for-high-nccl-busbw",
+        "--overlap-param-gather-with-optimizer-step",
     ):
         add(same_buffers, action="store_true")
     add("--ddp-bucket-size", type=int, default=None)
+    add("--num-distributed-optimizer-instances", type=int, default=1)
+    add("--cp-comm-type", nargs="+", default=["p2p"])
     add("--ddp-num-buckets", type=int, default=None)
     # Accepted, the same bytes either way: flash attention is what the fused CPU core attention
     # keeps (q, k, v, output, LSE); OpenAI's GeLU is GeLU; and the kernel fusions below the CPU
@@ -519,6 +519,13 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
             f"--world-size {world_size} is not a multiple of TP x PP x CP ({tp} x {pp} x {cp})"
         )
     dp = world_size // (tp * pp * cp)
+    if cp > 1:
+        _check_context_parallel(args, given, cp)
+    if dp % args.num_distributed_optimizer_instances:
+        raise UsageError(
+            f"Megatron-LM flags: --num-distributed-optimizer-instances "
+            f"{args.num_distributed_optimizer_instances} does not divide data parallel {dp}"
+        )
     layers = args.num_layers
     vpp = args.num_virtual_stages_per_pipeline_rank
     if args.num_layers_per_virtual_pipeline_stage is not None:
@@ -633,6 +640,7 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         max_position_embeddings=args.max_position_embeddings,
         optimizer=args.optimizer,
         distributed_optimizer=args.use_distributed_optimizer,
+        distributed_optimizer_instances=args.num_distributed_optimizer_instances,
         grad_reduce_in_fp32=fp32_grads,
         main_param_bytes=main,
         optimizer_state_bytes=state,
@@ -665,6 +673,34 @@ def _pipeline_segments(pattern: str, pp: int) -> tuple[str, int | None]:
             f"{'/'.join(str(len(s)) for s in segments)} layers over PP {pp}) are not modelled"
         )
     return "".join(segments), len(segments) // pp
+
+
+# Context parallelism's KV exchanges whose saved tensors are a local attention's: ring P2P (TE's
+# AttnFuncWithCPAndKVP2P saves this rank's q, k, v, output and softmax statistics of its s / CP
+# tokens and exchanges K/V again in backward) and all-to-all (attention over the whole sequence
+# with heads / CP: the same elements). Every one runs on s / CP tokens a rank.
+_CP_EXCHANGES = ("p2p", "a2a")
+
+
+def _check_context_parallel(args: argparse.Namespace, given: dict[str, Any], cp: int) -> None:
+    """Context parallelism as plan models it (a rank's layers on s / CP tokens, measured as the
+    fused attention there), or a usage error naming what it does not model."""
+    if len(args.cp_comm_type) != 1 or args.cp_comm_type[0] not in _CP_EXCHANGES:
+        raise UsageError(
+            f"Megatron-LM flags: context parallelism's {' '.join(args.cp_comm_type)} KV exchange "
+            "(--cp-comm-type) is not modelled (p2p and a2a are)"
+        )
+    backend = getattr(given.get("attention_backend"), "name", "")
+    if given.get("transformer_impl") == "local" or backend in ("local", "unfused"):
+        raise UsageError(
+            "Megatron-LM flags: context parallelism with the unfused core attention is not "
+            "modelled (MCore runs CP in TE's attention only)"
+        )
+    if args.seq_length is not None and args.seq_length % (2 * cp):
+        raise UsageError(
+            f"Megatron-LM flags: --seq-length {args.seq_length} does not split into 2 x CP "
+            f"({2 * cp}) chunks (get_batch_on_this_cp_rank)"
+        )
 
 
 def _check_spec(spec: list[str] | None, hybrid: bool) -> None:

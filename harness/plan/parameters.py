@@ -14,6 +14,7 @@ keeps there for the output layer).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from contextlib import contextmanager
@@ -126,6 +127,15 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
     from harness.models.hybrid import build_hybrid_model
 
     style = workload.arch.style
+    layout = workload.parallelism
+    if layout.cp > 1:
+        # Context parallelism shards no parameter (every CP rank of a stage holds its weights), and
+        # the CPU core attention refuses CP: counted at CP 1 over the same TP, PP, EP and DP.
+        workload = dataclasses.replace(
+            workload,
+            parallelism=dataclasses.replace(layout, cp=1),
+            world_size=workload.world_size // layout.cp,
+        )
     with fake_parallel_state(workload):
         config = full_config(workload, RecomputeFields.parse(CONTROL_ROW))
         with torch.device("meta"):

@@ -171,7 +171,7 @@ def measure_megatron_lm(
         run.name,
         run.parallelism,
         run.world_size,
-        run.seq_length,
+        workload.local_seq_length,  # a CP rank's layers run s / CP tokens
         run.micro_batch_size,
         run.global_batch_size,
         run.precision,

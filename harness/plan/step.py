@@ -125,7 +125,7 @@ def cublas_workspaces(workload: TrainingJob) -> int:
 def _sharding(workload: TrainingJob) -> tuple[int, int]:
     """(dense, expert) data-parallel sizes the optimizer state is sharded over (1: not sharded)."""
     if workload.optimizer is Optimizer.MEGATRON and workload.distributed_optimizer:
-        return workload.data_parallel, workload.expert_data_parallel
+        return workload.optimizer_shards
     return 1, 1
 
 
@@ -161,8 +161,8 @@ def resident_buffer_bytes(workload: TrainingJob) -> int:
             * DTYPE_BYTES[workload.precision]
         )
     mask = workload.seq_length**2 if workload.resident_causal_mask else 0
-    if workload.attention_mask_in_batch:
-        mask += workload.micro_batch_size * workload.seq_length**2
+    if workload.attention_mask_in_batch:  # a CP rank's rows of it: [b, 1, s / CP, s]
+        mask += workload.micro_batch_size * workload.local_seq_length * workload.seq_length
     return scores + mask
 
 
@@ -210,7 +210,7 @@ def _hidden_bytes(workload: TrainingJob) -> int:
     """One micro-batch's ``[s/tp, b, h]`` hidden state (sequence parallel), in the parameter dtype."""
     tp = workload.parallelism.tp if workload.sequence_parallel else 1
     return (
-        workload.seq_length
+        workload.local_seq_length
         // tp
         * workload.micro_batch_size
         * workload.arch.config["hidden_size"]
@@ -221,7 +221,7 @@ def _hidden_bytes(workload: TrainingJob) -> int:
 def logits_bytes(workload: TrainingJob) -> tuple[int, int]:
     """(logits in the parameter dtype, cross entropy's fp32 copy) of one micro-batch on a TP rank."""
     elements = (
-        workload.seq_length * workload.micro_batch_size * workload.vocab_size
+        workload.local_seq_length * workload.micro_batch_size * workload.vocab_size
     ) // workload.parallelism.tp
     width = DTYPE_BYTES[workload.precision]
     fp32_copy = width != 4 and workload.cross_entropy_fp32_copy
