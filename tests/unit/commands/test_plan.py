@@ -221,7 +221,7 @@ def test_a_moe_gpt_from_megatron_lm_flags():
     ("extra", "world", "says"),
     [
         (["--frobnicate"], 4, "--frobnicate is not a Megatron-LM d98e8a64 flag"),
-        (["--use-torch-fsdp2"], 4, "could change memory and plan does not model it"),
+        (["--use-torch-fsdp2"], 4, "torch FSDP2 (--use-torch-fsdp2) is not modelled"),
         (["--mtp-num-layers", "1"], 4, "multi-token prediction layers (--mtp-num-layers)"),
         ([], 3, "world size 3 is not a multiple of TP x PP x CP and ETP x EP x PP"),
     ],

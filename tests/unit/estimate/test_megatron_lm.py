@@ -81,7 +81,7 @@ def test_fp8_takes_the_configs_default_recipe_unless_one_is_given():
             ["--cpu-offloading-num-layers", "2"],
             "CPU offloading (--cpu-offloading-num-layers) is not modelled",
         ),
-        (["--context-parallel-size", "2"], "context parallelism"),
+        (["--mtp-num-layers", "1"], "multi-token prediction layers (--mtp-num-layers)"),
         (["--optimizer", "muon"], "--optimizer muon: plan models adam and sgd"),
     ],
 )
@@ -222,3 +222,34 @@ def test_megatron_lms_own_training_commands_are_accepted_or_refused_naming_a_fea
     for refusal in filter(None, refusals):
         assert "\n" not in refusal
         assert "is not modelled" in refusal or "give --vocab-size" in refusal or "flag" in refusal
+
+
+def test_context_parallelism_splits_the_sequence_and_shards_the_optimizer_over_dp_x_cp():
+    from harness.plan.step import logits_bytes, resident_buffer_bytes
+    from harness.plan.workload import workload_from_megatron_lm
+
+    flags = [*DENSE, "--context-parallel-size", "2"]
+    run = parse_megatron_lm(flags, 16)  # TP 2 x CP 2: DP 4
+    workload = workload_from_megatron_lm(run)
+    assert workload.data_parallel == 4 and workload.local_seq_length == 4096 // 2
+    # MCore's DDP reduce-scatters dense gradients over its DP-CP group
+    assert workload.optimizer_shards[0] == 4 * 2
+    # logits of the rank's s / CP tokens, V / TP columns; bf16 and the fp32 copy
+    elements = 4096 // 2 * 1 * run.vocab_size // 2
+    assert logits_bytes(workload) == (elements * 2, elements * 4)
+    # the data loader's mask, a CP rank's rows of it: [b, 1, s / CP, s] bools
+    assert resident_buffer_bytes(workload) == 1 * (4096 // 2) * 4096
+    with pytest.raises(UsageError, match="context parallelism with the unfused core attention"):
+        parse_megatron_lm([*flags, "--attention-backend", "unfused"], 16)
+    with pytest.raises(UsageError, match="allgather KV exchange .* is not modelled"):
+        parse_megatron_lm([*flags, "--cp-comm-type", "allgather"], 16)
+
+
+def test_distributed_optimizer_instances_shard_within_an_instance():
+    from harness.plan.workload import workload_from_megatron_lm
+
+    flags = [*DENSE, "--num-distributed-optimizer-instances", "2"]
+    workload = workload_from_megatron_lm(parse_megatron_lm(flags, 16))
+    assert workload.data_parallel == 8 and workload.optimizer_shards[0] == 8 // 2
+    with pytest.raises(UsageError, match="does not divide data parallel 8"):
+        parse_megatron_lm([*DENSE, "--num-distributed-optimizer-instances", "3"], 16)
