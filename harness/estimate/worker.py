@@ -123,7 +123,8 @@ def measure_kinds(
 # linear_fc2's bias parameter itself (added later by bias-dropout-add), and CheckpointFunction
 # gives that returned parameter its own node: backward replays the MLP, hands the bias's gradient
 # to torch.autograd.backward, which reaches the same node again: a recursion without end (seen
-# here; the FP8 path, te_checkpoint, is another function). Reported as a rejection, not measured.
+# here; the FP8 path, te_checkpoint, is another function; the probe's style models turn biases off
+# for it, harness/models/style.py). Reported as a rejection, not measured.
 MLP_BIAS_RECURSION = {
     "message": "with linear biases, MCore's checkpoint of the MLP returns linear_fc2's bias "
     "parameter and its backward re-enters itself (tensor_parallel/random.py CheckpointFunction)",
