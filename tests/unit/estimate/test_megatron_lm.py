@@ -253,3 +253,20 @@ def test_distributed_optimizer_instances_shard_within_an_instance():
     assert workload.data_parallel == 8 and workload.optimizer_shards[0] == 8 // 2
     with pytest.raises(UsageError, match="does not divide data parallel 8"):
         parse_megatron_lm([*DENSE, "--num-distributed-optimizer-instances", "3"], 16)
+
+
+def test_a_measuring_ranks_exception_is_reported_by_type_message_and_megatron_core_frame():
+    # What plan shows when a layer measurement fails (the worker's report, not torchrun's banner).
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from harness.estimate.worker import failure
+
+    with pytest.raises(ValueError) as refused:  # the real validator: no such granularity
+        TransformerConfig(
+            num_layers=1, hidden_size=128, num_attention_heads=4, recompute_granularity="bogus"
+        )
+    reported = failure(refused.value)
+    assert reported["type"] == "ValueError"
+    assert "recompute_granuarlity: bogus" in reported["message"]  # MCore's own spelling
+    assert "\n" not in reported["message"]
+    assert reported["where"].startswith("megatron/core/transformer/transformer_config.py:")
