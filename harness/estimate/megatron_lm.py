@@ -104,8 +104,6 @@ _FEATURES = {
     "use_torch_fsdp2": "torch FSDP2",
     "data_parallel_sharding_strategy": "Megatron FSDP",
     "pipeline_model_parallel_layout": "uneven pipelines (a pipeline layout)",
-    "decoder_first_pipeline_num_layers": "uneven pipelines",
-    "decoder_last_pipeline_num_layers": "uneven pipelines",
     "account_for_embedding_in_pipeline_split": "uneven pipelines",
     "account_for_loss_in_pipeline_split": "uneven pipelines",
     "cuda_graph_modules": "CUDA graphs (their private pools)",
@@ -157,6 +155,7 @@ class MegatronLMRun:
     optimizer: str  # adam or sgd
     distributed_optimizer: bool
     distributed_optimizer_instances: int
+    stage_layers: tuple[int, ...] | None  # an uneven pipeline's layers per stage
     grad_reduce_in_fp32: bool
     main_param_bytes: int
     optimizer_state_bytes: int  # per parameter: Adam's two moments, SGD's momentum
@@ -340,6 +339,8 @@ def _parser() -> argparse.ArgumentParser:
         add(same_buffers, action="store_true")
     add("--ddp-bucket-size", type=int, default=None)
     add("--num-distributed-optimizer-instances", type=int, default=1)
+    add("--decoder-first-pipeline-num-layers", type=int, default=None)
+    add("--decoder-last-pipeline-num-layers", type=int, default=None)
     add("--cp-comm-type", nargs="+", default=["p2p"])
     add("--ddp-num-buckets", type=int, default=None)
     # Accepted, the same bytes either way: flash attention is what the fused CPU core attention
@@ -641,6 +642,7 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         optimizer=args.optimizer,
         distributed_optimizer=args.use_distributed_optimizer,
         distributed_optimizer_instances=args.num_distributed_optimizer_instances,
+        stage_layers=_uneven_stages(args, pp, vpp),
         grad_reduce_in_fp32=fp32_grads,
         main_param_bytes=main,
         optimizer_state_bytes=state,
@@ -656,6 +658,34 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         given=_given_row(args),
         ignored=tuple(ignored),
     )
+
+
+def _uneven_stages(args: argparse.Namespace, pp: int, vpp: int | None) -> tuple[int, ...] | None:
+    """Layers per pipeline stage under ``--decoder-first/last-pipeline-num-layers`` (MCore's
+    ``get_num_layers_to_build``: the first and last stages take what is given, the stages between
+    share the rest evenly); None for MCore's even split."""
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    if first is None and last is None:
+        return None
+    if pp == 1:
+        raise UsageError(
+            "Megatron-LM flags: --decoder-first/last-pipeline-num-layers need pipeline parallelism"
+        )
+    if vpp not in (None, 1):
+        raise UsageError(
+            "Megatron-LM flags: uneven pipelines with virtual stages are not modelled "
+            "(--decoder-first/last-pipeline-num-layers with VPP)"
+        )
+    middle = pp - (first is not None) - (last is not None)
+    rest = args.num_layers - (first or 0) - (last or 0)
+    if rest < 0 or (middle == 0 and rest) or (middle and rest % middle):
+        raise UsageError(
+            f"Megatron-LM flags: {args.num_layers} layers less the first stage's {first or 0} and "
+            f"the last's {last or 0} do not split evenly over the {middle} stage(s) between"
+        )
+    between = [rest // middle] * middle if middle else []
+    stages = ([first] if first is not None else []) + between + ([last] if last is not None else [])
+    return tuple(stages)
 
 
 def _pipeline_segments(pattern: str, pp: int) -> tuple[str, int | None]:

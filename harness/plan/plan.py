@@ -3,6 +3,7 @@ cheapest row that fits with a margin."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
@@ -167,9 +168,16 @@ def measure_megatron_lm(
 
     if run.parallelism.tp > 8:
         raise UsageError(f"TP {run.parallelism.tp} would start that many CPU ranks; at most 8 run")
+    # The estimate's layers are per layer and micro-batch whatever the stage; an uneven pipeline's
+    # stages are not its even split, so its layers are measured as one stage (plan composes them).
+    measured_layout = (
+        run.parallelism
+        if run.stage_layers is None
+        else dataclasses.replace(run.parallelism, pp=1, vpp=None)
+    )
     target = EstimateTarget(
         run.name,
-        run.parallelism,
+        measured_layout,
         run.world_size,
         workload.local_seq_length,  # a CP rank's layers run s / CP tokens
         run.micro_batch_size,

@@ -12,8 +12,14 @@ from __future__ import annotations
 from harness.run.recipes import Parallelism
 
 
-def chunk_layers(layers: int, layout: Parallelism, stage: int) -> list[list[int]]:
-    """The decoder layers of each model chunk of ``stage`` (MCore's even split)."""
+def chunk_layers(
+    layers: int, layout: Parallelism, stage: int, stage_layers: tuple[int, ...] | None = None
+) -> list[list[int]]:
+    """The decoder layers of each model chunk of ``stage``: MCore's even split, or with
+    ``stage_layers`` (an uneven pipeline, no virtual stages) the stage's own contiguous run."""
+    if stage_layers is not None:
+        start = sum(stage_layers[:stage])
+        return [list(range(start, start + stage_layers[stage]))]
     vpp = layout.vpp or 1
     per_chunk = layers // (layout.pp * vpp)
     return [

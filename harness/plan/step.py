@@ -179,7 +179,7 @@ def _stage_activations(
 ) -> tuple[Fraction, Fraction, str]:
     """(retained over the in-flight micro-batches, transient, where) on ``stage`` under ``row``."""
     layout = workload.parallelism
-    chunks = chunk_layers(len(kinds), layout, stage)
+    chunks = chunk_layers(len(kinds), layout, stage, workload.stage_layers)
     in_flight = in_flight_chunks(layout, stage, workload.micro_batches)
     input_bytes = Fraction(_hidden_bytes(workload))
     retained = Fraction(0)
@@ -270,7 +270,11 @@ def rank_peaks(
     buffers = resident_buffer_bytes(workload)
     peaks = []
     for stage in range(layout.pp):
-        layers = [i for chunk in chunk_layers(len(kinds), layout, stage) for i in chunk]
+        layers = [
+            i
+            for chunk in chunk_layers(len(kinds), layout, stage, workload.stage_layers)
+            for i in chunk
+        ]
         first, last = stage == 0, stage == layout.pp - 1
         dense, expert = counts.stage(layers, first, last, layout.pp)
         elements = dense + expert

@@ -112,6 +112,9 @@ class TrainingJob:
     position_embedding_type: str = "rope"  # learned_absolute adds max_position_embeddings x h
     max_position_embeddings: int | None = None  # None: the sequence length
     distributed_optimizer_instances: int = 1  # --num-distributed-optimizer-instances
+    # Layers per pipeline stage of an uneven pipeline (--decoder-first/last-pipeline-num-layers);
+    # None: MCore's even split.
+    stage_layers: tuple[int, ...] | None = None
 
     @property
     def local_seq_length(self) -> int:
@@ -268,6 +271,7 @@ def workload_from_megatron_lm(run: MegatronLMRun) -> TrainingJob:
         position_embedding_type=run.position_embedding_type,
         max_position_embeddings=run.max_position_embeddings,
         distributed_optimizer_instances=run.distributed_optimizer_instances,
+        stage_layers=run.stage_layers,
     )
     check_layout(workload, "Megatron-LM flags")
     return workload
@@ -284,7 +288,7 @@ def check_layout(workload: TrainingJob, where: str) -> None:
             f"{where}: world size {world} is not a multiple of TP x PP x CP and ETP x EP x PP"
         )
     chunks = layout.pp * (layout.vpp or 1)
-    if workload.arch.config["num_layers"] % chunks:
+    if workload.stage_layers is None and workload.arch.config["num_layers"] % chunks:
         raise UsageError(
             f"{where}: {workload.arch.config['num_layers']} layers do not split evenly over "
             f"{chunks} pipeline chunks"

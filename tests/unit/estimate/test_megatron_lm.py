@@ -270,3 +270,22 @@ def test_a_measuring_ranks_exception_is_reported_by_type_message_and_megatron_co
     assert "recompute_granuarlity: bogus" in reported["message"]  # MCore's own spelling
     assert "\n" not in reported["message"]
     assert reported["where"].startswith("megatron/core/transformer/transformer_config.py:")
+
+
+def test_an_uneven_pipeline_gives_its_first_and_last_stages_their_layers():
+    from harness.plan.schedule import chunk_layers
+    from harness.plan.workload import workload_from_megatron_lm
+
+    flags = [*DENSE, "--pipeline-model-parallel-size", "4"]
+    uneven = [*flags, "--decoder-first-pipeline-num-layers", "6"]
+    run = parse_megatron_lm([*uneven, "--decoder-last-pipeline-num-layers", "8"], 32)
+    # get_num_layers_to_build: 6 first, 8 last, the 18 between split over the two middle stages
+    assert run.stage_layers == (6, 9, 9, 8)
+    workload = workload_from_megatron_lm(run)
+    assert chunk_layers(32, workload.parallelism, 1, workload.stage_layers) == [list(range(6, 15))]
+    # only the first given: the other three stages share the rest
+    assert parse_megatron_lm(uneven + ["--num-layers", "36"], 32).stage_layers == (6, 10, 10, 10)
+    with pytest.raises(UsageError, match="do not split evenly over the 3 stage"):
+        parse_megatron_lm(uneven + ["--num-layers", "35"], 32)
+    with pytest.raises(UsageError, match="uneven pipelines with virtual stages are not modelled"):
+        parse_megatron_lm([*uneven, "--num-virtual-stages-per-pipeline-rank", "2"], 32)
