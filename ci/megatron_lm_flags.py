@@ -124,6 +124,9 @@ NEUTRAL_READS = {
     "no_weight_decay_cond_type": "which parameters get weight decay: values",
     "apply_wd_to_qk_layernorm": "which parameters get weight decay: values",
     "fake_process_group": "a test process group: no communication, the same tensors",
+    "rotary_seq_len_interpolation_factor": "scales rotary positions: values, not shapes",
+    "use_rope_scaling": "Llama 3's rotary frequency scaling: values, not shapes",
+    "empty_unused_memory_level": "empties the allocator's cache: what is allocated is the same",
 }
 READ_ROOTS = ("megatron/", "pretrain_gpt.py", "pretrain_hybrid.py", "pretrain_mamba.py")
 READ_ROOTS_EXTRA = (
@@ -195,7 +198,7 @@ def _with_bases(classes: dict[str, list[dict[str, object]]], name: str) -> list[
 def _factory_flags(field: dict[str, object]) -> list[str]:
     dashed = "--" + str(field["name"]).replace("_", "-")
     if field["names"]:
-        return list(field["names"])  # type: ignore[call-overload]
+        return list(field["names"])
     if field["annotation"] == "bool" and field["default"] is True:
         return [f"--no-{dashed[2:]}", f"--disable-{dashed[2:]}"]
     return [dashed]
@@ -245,7 +248,7 @@ def parser_flags(repo: str, commit: str) -> dict[str, dict[str, object]]:
                             if isinstance(k.value, ast.Name)
                             else _literal(k.value)
                         )
-                        excluded.update(str(x) for x in value or ())  # type: ignore[attr-defined]
+                        excluded.update(str(x) for x in value or ())
                 for field in _with_bases(classes, config):
                     if field["name"] in excluded:
                         continue
