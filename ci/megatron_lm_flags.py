@@ -9,7 +9,8 @@ its feature and the code that reads it.
 How a flag is decided, at one commit, without importing Megatron-LM:
 
 1. Flags and destinations: ``add_argument('--flag', ..., dest=...)`` in every ``_add_<group>_args``
-   of ``megatron/training/arguments.py``, and the dataclass factories (``ArgumentGroupFactory(Config,
+   of ``megatron/training/arguments.py`` (and ModelOpt's ``add_modelopt_args``, which the pretrain
+   scripts add where ModelOpt is installed), and the dataclass factories (``ArgumentGroupFactory(Config,
    exclude=[...])``: ``--field-name``; a bool that defaults to True as ``--no-``/``--disable-``; a
    field's ``argparse_meta["arg_names"]``). ``TransformerConfig`` (with ``ModelParallelConfig``) is
    read from ``megatron/core`` at the same commit.
@@ -44,6 +45,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARGUMENTS = "megatron/training/arguments.py"
+# pretrain_gpt.py / pretrain_hybrid.py add these where ModelOpt is installed (extra_args_provider).
+EXTRA_ARGUMENTS = ("megatron/post_training/arguments.py",)
 CONFIG_MODULES = (
     "megatron/training/config/training_config.py",
     "megatron/training/config/common_config.py",
@@ -92,6 +95,11 @@ MEMORY_SITES: tuple[tuple[str, frozenset[str] | None, str], ...] = (
     ),
     ("megatron/core/", None, "core"),
 )
+# ModelOpt's own flags act through its model builder and checkpoint loading (a distillation
+# teacher, quantizers, export specs): memory where read under here. Other flags read here (the
+# builder also reads --manual-gc, its loader --dist-ckpt-strictness) keep their own classification:
+# this code runs only with ModelOpt's flags.
+MODELOPT = "megatron/post_training/"
 # Read under megatron/core but not by a training step: the tokenizer (its vocabulary size is what
 # sizes memory, and plan reads it from --vocab-size / --tokenizer-type / the vocabulary file) and
 # inference.
@@ -210,10 +218,16 @@ def parser_flags(repo: str, commit: str) -> dict[str, dict[str, object]]:
     for module in CONFIG_MODULES:
         classes.update(_dataclass_fields(_git(repo, "show", f"{commit}:{module}")))
     flags: dict[str, dict[str, object]] = {}
-    for function in ast.parse(_git(repo, "show", f"{commit}:{ARGUMENTS}")).body:
-        if not (isinstance(function, ast.FunctionDef) and function.name.startswith("_add_")):
-            continue
-        group = function.name.removeprefix("_add_").removesuffix("_args")
+    functions = [
+        function
+        for module in (ARGUMENTS, *EXTRA_ARGUMENTS)
+        for function in ast.parse(_git(repo, "show", f"{commit}:{module}")).body
+        if isinstance(function, ast.FunctionDef)
+        and function.name.startswith(("_add_", "add_"))
+        and function.name.endswith("_args")
+    ]
+    for function in functions:
+        group = function.name.removeprefix("_").removeprefix("add_").removesuffix("_args")
         # ``exclude=exclude``: the list assigned to that name in the same function
         lists = {
             t.id: _literal(n.value)
@@ -358,6 +372,7 @@ def classify(repo: str, commit: str) -> dict[str, dict[str, object]]:
         and "/tests/" not in p
     ]
     sites: dict[str, set[str]] = {}
+    modelopt: dict[str, set[str]] = {}
     for path in paths:
         try:
             tree = ast.parse(_git(repo, "show", f"{commit}:{path}"))
@@ -366,6 +381,9 @@ def classify(repo: str, commit: str) -> dict[str, dict[str, object]]:
         reads = _Reads()
         reads.visit(tree)
         for dest, functions in reads.reads.items():
+            if path.startswith(MODELOPT):
+                modelopt.setdefault(dest, set()).update(f"{path}:{f}" for f in functions)
+                continue
             for function in functions:
                 site = _site(path, function)
                 if site is not None:
@@ -394,6 +412,8 @@ def classify(repo: str, commit: str) -> dict[str, dict[str, object]]:
             row.update(kind="memory", site="model: TransformerConfig")
         elif entry["float"]:
             row.update(kind="neutral", why="a float: sets values, not shapes")
+        elif entry["group"] == "modelopt" and dest in modelopt:
+            row.update(kind="memory", site=", ".join(sorted(modelopt[dest])[:3]))
         elif dest in copied:
             row.update(kind="memory", site=copied[dest])
         elif dest in sites:

@@ -407,6 +407,8 @@ def _ignored(unknown: list[str]) -> list[str]:
         dest = entry["dest"]
         if dest.startswith("muon_"):
             feature = "the Muon optimizer"
+        elif entry["group"] == "modelopt":
+            feature = "ModelOpt post-training (distillation, quantization, its own model builder)"
         else:
             feature = (
                 _FEATURES.get(dest)
