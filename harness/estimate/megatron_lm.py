@@ -33,6 +33,7 @@ import typing
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from harness.config.fields import RecomputeFields
@@ -763,6 +764,8 @@ def tokenizer_vocab(args: argparse.Namespace) -> int:
         counted = _count_vocab(path)
         if counted is not None:
             return counted
+    if path is not None and kind in _SENTENCEPIECE and Path(path).is_file():
+        return _count_pieces(Path(path))
     if kind in _TOKENIZER_VOCAB:
         return _TOKENIZER_VOCAB[kind]
     where = f" ({path} is not readable here)" if path else ""
@@ -772,11 +775,50 @@ def tokenizer_vocab(args: argparse.Namespace) -> int:
     )
 
 
+# build_tokenizer's SentencePiece types: the model's pieces (get_piece_size), special tokens added
+# only by --tokenizer-special-tokens under the legacy tokenizer (not counted here).
+_SENTENCEPIECE = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+
+
+def _count_pieces(path: Path) -> int:
+    """The pieces of a SentencePiece ``.model`` (a ``ModelProto``: field 1, ``pieces``, repeated),
+    read from its protobuf wire format without the sentencepiece library."""
+    data = path.read_bytes()
+
+    def varint(at: int) -> tuple[int, int]:
+        value, shift = 0, 0
+        while True:
+            if at >= len(data):
+                raise UsageError(f"Megatron-LM flags: {path} is not a SentencePiece model")
+            byte = data[at]
+            value |= (byte & 0x7F) << shift
+            at += 1
+            if byte < 0x80:
+                return value, at
+            shift += 7
+
+    pieces, at = 0, 0
+    while at < len(data):
+        key, at = varint(at)
+        wire = key & 7
+        if wire == 0:
+            _, at = varint(at)
+        elif wire == 1:
+            at += 8
+        elif wire == 5:
+            at += 4
+        elif wire == 2:
+            length, at = varint(at)
+            pieces += key >> 3 == 1
+            at += length
+        else:
+            raise UsageError(f"Megatron-LM flags: {path} is not a SentencePiece model")
+    return pieces
+
+
 def _count_vocab(path: str) -> int | None:
     """Entries of a GPT-2 ``vocab.json`` or a Hugging Face ``tokenizer.json`` (its model's
     vocabulary plus the added tokens outside it); None when there is no such file."""
-    from pathlib import Path
-
     file = Path(path)
     if file.is_dir():
         file = file / "tokenizer.json"

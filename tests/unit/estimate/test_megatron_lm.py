@@ -177,10 +177,19 @@ def test_tokenizers_give_their_vocabulary_as_megatron_lm_builds_it(tmp_path):
             }
         )
     )
-    hf = [*without, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model"]
-    assert parse_megatron_lm([*hf, str(tmp_path / "hf")], 16).vocab_size == 256
+    # (padded to a multiple of 1 x TP 2 here, so the count shows)
+    exact = [*without, "--make-vocab-size-divisible-by", "1"]
+    hf = [*exact, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model"]
+    assert parse_megatron_lm([*hf, str(tmp_path / "hf")], 16).vocab_size == 4  # a, b, <eos>
     with pytest.raises(UsageError, match="needs its file .*: give --vocab-size$"):
         parse_megatron_lm([*hf, "/absent/tokenizer"], 16)
+    # a SentencePiece model: its pieces (ModelProto field 1), here five, each a piece string,
+    # a score and a type, and a trainer spec (field 2) that is no piece
+    piece = bytes([0x0A, 1, ord("a"), 0x15, 0, 0, 0, 0, 0x18, 1])
+    model = tmp_path / "sp.model"
+    model.write_bytes((bytes([0x0A, len(piece)]) + piece) * 5 + bytes([0x12, 2, 0x08, 1]))
+    sp = [*exact, "--tokenizer-type", "GPTSentencePieceTokenizer", "--tokenizer-model"]
+    assert parse_megatron_lm([*sp, str(model)], 16).vocab_size == 6
     with pytest.raises(UsageError, match="NullTokenizer's vocabulary size needs its file"):
         parse_megatron_lm([*without, "--tokenizer-type", "NullTokenizer"], 16)
 
