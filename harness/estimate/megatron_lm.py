@@ -91,7 +91,6 @@ _NOT_MODELLED = {
     "cuda_graph_impl": "CUDA graphs (their private pools)",
     "enable_cuda_graph": "CUDA graphs (their private pools)",
     "external_cuda_graph": "CUDA graphs (their private pools)",
-    "cpu_offloading": "CPU offloading",
     "cpu_offloading_num_layers": "CPU offloading",
     "fine_grained_activation_offloading": "activation offloading",
     "tp_comm_overlap": "userbuffer tensor-parallel overlap",
@@ -104,17 +103,16 @@ _FEATURES = {
     "use_megatron_fsdp": "Megatron FSDP",
     "use_torch_fsdp2": "torch FSDP2",
     "data_parallel_sharding_strategy": "Megatron FSDP",
-    "pipeline_model_parallel_layout": "uneven pipelines (a pipeline layout)",
+    "pipeline_model_parallel_layout": "a pipeline layout",
     "account_for_embedding_in_pipeline_split": "uneven pipelines",
     "account_for_loss_in_pipeline_split": "uneven pipelines",
     "cuda_graph_modules": "CUDA graphs (their private pools)",
-    "cuda_graph_scope": "CUDA graphs (their private pools)",
+    "cuda_graph_scope_deprecated": "CUDA graphs (their private pools)",
     "hierarchical_context_parallel_sizes": "hierarchical context parallelism",
     "linear_attention_freq": "linear attention layers",
     "optimizer_cpu_offload": "optimizer CPU offload",
     "heterogeneous_layers_config_path": "heterogeneous layers",
     "moe_use_upcycling": "MoE upcycling",
-    "fp8_param_gather": "FP8 parameter gather",
 }
 # arguments.py's _add_mla_args defaults at d98e8a64.
 _MLA_DEFAULTS = {
@@ -129,7 +127,7 @@ _MLA_DEFAULTS = {
 }
 # The layer specs Megatron-LM's builders take by --spec that are the ones plan builds: the hybrid
 # stack's (hybrid_builders.py requires one; this is the TE spec pretrain_hybrid.py runs).
-_KNOWN_SPECS = {("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec"): True}
+_KNOWN_SPECS = frozenset({("megatron.core.models.hybrid.hybrid_layer_specs", "hybrid_stack_spec")})
 # Tokenizers whose vocabulary needs no file: GPT-2's BPE (the GPT-2 vocabulary, 50257 entries:
 # MegatronHFTokenizer loads "gpt2"), tiktoken (vocab_size defaults to DEFAULT_TIKTOKEN_MAX_VOCAB,
 # 2**17, whatever the file holds: tiktoken_tokenizer.py).
