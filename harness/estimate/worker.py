@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from harness.cpu.deferred_compile import (
     defer_compile_before_megatron_core,
     run_compiled_helpers_eagerly,
 )
+from harness.errors import exception_summary
 from harness.processes import die_with_parent
 
 if TYPE_CHECKING:  # imports Megatron Core, which must come after the deferral in main()
@@ -207,25 +207,12 @@ def main(argv: list[str]) -> int:
         result = _run(args)
     except Exception as failed:  # noqa: BLE001 (reported: torchrun would show only its banner)
         rank = int(os.environ.get("RANK", "0"))
-        write_json_atomic(args.out / f"rank{rank}.json", {"rank": rank, "error": failure(failed)})
+        write_json_atomic(
+            args.out / f"rank{rank}.json", {"rank": rank, "error": exception_summary(failed)}
+        )
         return 1
     write_json_atomic(args.out / f"rank{result['rank']}.json", result)
     return 0
-
-
-def failure(failed: BaseException) -> dict[str, str]:
-    """What the harness reports of a rank's exception: its type and message, and the innermost
-    frame in Megatron Core (else the innermost frame): where the layers refused to run."""
-    frames = traceback.extract_tb(failed.__traceback__)
-    in_mcore = [f for f in frames if f"megatron{os.sep}core" in f.filename]
-    frame = (in_mcore or frames)[-1] if frames else None
-    where = ""
-    if frame is not None:
-        path = frame.filename
-        cut = path.rfind(f"megatron{os.sep}core")
-        where = f"{path[cut:] if cut >= 0 else path}:{frame.lineno} in {frame.name}"
-    message = str(failed).strip().splitlines()[0] if str(failed).strip() else ""
-    return {"type": type(failed).__name__, "message": message, "where": where}
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
-from harness.errors import UsageError
+from harness.errors import UsageError, exception_summary
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -138,9 +138,12 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
         )
     with fake_parallel_state(workload):
         config = full_config(workload, RecomputeFields.parse(CONTROL_ROW))
-        with torch.device("meta"):
+        with torch.device("meta"), _refusal_as_usage_error():
             if style.hybrid_pattern:
-                model = build_hybrid_model(style, config, "fused", workload.seq_length)
+                # Sequence parallelism shards no parameter, and the hybrid stack's torch norms
+                # refuse it: counted without (TP's shards are the same).
+                unsplit = dataclasses.replace(config, sequence_parallel=False)
+                model = build_hybrid_model(style, unsplit, "fused", workload.seq_length)
             else:
                 block_spec = decoder_block_spec(config)
                 set_core_attention(block_spec, workload.attention_backend, style.mla)
@@ -155,6 +158,20 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
                     share_embeddings_and_output_weights=not workload.untie_embeddings,
                 )
         return _counts(model, config.num_layers, workload)
+
+
+@contextmanager
+def _refusal_as_usage_error() -> Iterator[None]:
+    """Megatron Core refusing to build the model (an assertion or a value it rejects in a module's
+    constructor) as one line naming the exception and its Megatron Core frame."""
+    try:
+        yield
+    except (AssertionError, ValueError, TypeError, NotImplementedError) as refused:
+        summary = exception_summary(refused)
+        where = f" at {summary['where']}" if summary["where"] else ""
+        raise UsageError(
+            f"Megatron Core cannot build this model: {summary['type']}: {summary['message']}{where}"
+        ) from None
 
 
 def _sequence_parallel_norms(block_spec: Any) -> None:

@@ -268,13 +268,13 @@ def test_a_measuring_ranks_exception_is_reported_by_type_message_and_megatron_co
     # What plan shows when a layer measurement fails (the worker's report, not torchrun's banner).
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from harness.estimate.worker import failure
+    from harness.errors import exception_summary
 
     with pytest.raises(ValueError) as refused:  # the real validator: no such granularity
         TransformerConfig(
             num_layers=1, hidden_size=128, num_attention_heads=4, recompute_granularity="bogus"
         )
-    reported = failure(refused.value)
+    reported = exception_summary(refused.value)
     assert reported["type"] == "ValueError"
     assert "recompute_granuarlity: bogus" in reported["message"]  # MCore's own spelling
     assert "\n" not in reported["message"]
