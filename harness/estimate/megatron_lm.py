@@ -96,6 +96,9 @@ _NOT_MODELLED = {
     "tp_comm_overlap": "userbuffer tensor-parallel overlap",
     "fp4": "FP4",
     "experimental_attention_variant": "experimental attention variants",
+    # TE's op-fuser implementation of the MLP / grouped experts: TE-only code, no CPU counterpart
+    # (MCore asserts its fused GroupedMLP is supported, and the CPU stand-ins are not).
+    "use_transformer_engine_op_fuser": "Transformer Engine's op fuser (fused MLP)",
 }
 # The features of Megatron-LM's other flags that change what a step allocates, by destination, for
 # the refusal's one line (any other such flag is named by the code that reads it).

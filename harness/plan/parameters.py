@@ -140,9 +140,11 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
         config = full_config(workload, RecomputeFields.parse(CONTROL_ROW))
         with torch.device("meta"), _refusal_as_usage_error():
             if style.hybrid_pattern:
-                # Sequence parallelism shards no parameter, and the hybrid stack's torch norms
-                # refuse it: counted without (TP's shards are the same).
-                unsplit = dataclasses.replace(config, sequence_parallel=False)
+                # Sequence parallelism and attention dropout make no parameter, and the stack's
+                # torch norms refuse SP, its fused CPU attention dropout: counted without both.
+                unsplit = dataclasses.replace(
+                    config, sequence_parallel=False, attention_dropout=0.0
+                )
                 model = build_hybrid_model(style, unsplit, "fused", workload.seq_length)
             else:
                 block_spec = decoder_block_spec(config)

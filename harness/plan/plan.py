@@ -188,9 +188,10 @@ def measure_megatron_lm(
     names = measurable_rows(workload, rows)
     try:
         results = measure_recipe(target, names, workload.attention_backend)
+        # the control unmeasurable (a layer the CPU cannot build) is the assembly's refusal
+        estimate = assemble(target, names, workload.attention_backend, results)
     except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
-    estimate = assemble(target, names, workload.attention_backend, results)
+        raise UsageError(str(exc).strip().splitlines()[0]) from None
     return (
         estimate.as_dict(),
         f"measured now ({len(names)} rows at seq {estimate.probe_seq_lengths})",
