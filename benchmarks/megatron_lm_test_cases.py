@@ -10,6 +10,7 @@ three models runs on one 8-GPU node (tests/test_utils/recipes/h100/{gpt,moe,mamb
 values are never read. Only the parse is timed and judged (no layer measurement).
 
   ./venv-run python benchmarks/megatron_lm_test_cases.py [--verbose]
+  ./venv-run python benchmarks/megatron_lm_test_cases.py --plan gpt/NAME moe/NAME ...  # end to end
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import collections
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -94,10 +96,29 @@ def judge(flags: list[str]) -> str | None:
     return None
 
 
+def plan_end_to_end(cases: dict[str, list[str]], names: list[str]) -> None:
+    """``plan --world-size 8 -- <the case's flags>`` for each named case: exit, wall time, and its
+    last line (the verdict, or the one-line refusal)."""
+    for name in names:
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "harness.cli", "plan", "--world-size", str(WORLD_SIZE), "--"]
+            + cases[name],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        last = (done.stdout.strip().splitlines() or done.stderr.strip().splitlines() or [""])[-1]
+        print(f"{name}: exit {done.returncode}, {time.monotonic() - started:.0f} s: {last}")
+
+
 def main(argv: list[str]) -> int:
     cases = test_case_commands()
     if not cases:
         print(f"no Megatron-LM mirror with {COMMIT} at {REPO}: nothing to judge")
+        return 0
+    if argv[:1] == ["--plan"]:
+        plan_end_to_end(dict(cases), argv[1:])
         return 0
     reasons: collections.Counter[str] = collections.Counter()
     by_model: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
