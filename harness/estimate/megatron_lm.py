@@ -516,6 +516,12 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         raise UsageError("Megatron-LM flags: --max-position-embeddings is required")
     if args.padded_vocab_size is None and args.vocab_size is None:
         args.vocab_size = tokenizer_vocab(args)
+        if args.vocab_file is not None and not Path(args.vocab_file).is_file():
+            # listed with the ignored flags: the size is the type's, not the file's
+            ignored.append(
+                f"--vocab-file {args.vocab_file} (not on this machine: {args.tokenizer_type}'s "
+                f"{args.vocab_size} entries assumed)"
+            )
     tp = given.get("tensor_model_parallel_size", 1)
     pp = given.get("pipeline_model_parallel_size", 1)
     cp = given.get("context_parallel_size", 1)

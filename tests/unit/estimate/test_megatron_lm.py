@@ -164,6 +164,13 @@ def test_tokenizers_give_their_vocabulary_as_megatron_lm_builds_it(tmp_path):
     vocab = tmp_path / "vocab.json"
     vocab.write_text(json.dumps({f"t{i}": i for i in range(300)}))
     assert parse_megatron_lm([*without, "--vocab-file", str(vocab)], 16).vocab_size == 512
+    # a vocabulary file not on this machine: the type's size, and the assumption listed
+    absent = parse_megatron_lm([*without, "--vocab-file", "/absent/vocab.json"], 16)
+    assert absent.vocab_size == 50432
+    assert (
+        "--vocab-file /absent/vocab.json (not on this machine: GPT2BPETokenizer's 50257 "
+        in (absent.ignored[-1])
+    )
     # TikTokenizer: DEFAULT_TIKTOKEN_MAX_VOCAB (2**17) without --vocab-size
     tik = [*without, "--tokenizer-type", "TikTokenizer", "--tokenizer-model", "/absent"]
     assert parse_megatron_lm(tik, 16).vocab_size == 2**17
