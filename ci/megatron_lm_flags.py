@@ -23,12 +23,18 @@ How a flag is decided, at one commit, without importing Megatron-LM:
 4. ``memory``: a flag whose destination is read (``args.<dest>``, ``getattr(args, "<dest>")``) in a
    place that builds what a step allocates (``MEMORY_SITES``: the model builders and providers, the
    batch and loss of ``pretrain_*.py``, ``get_model`` / DDP wrapping / the DDP and optimizer configs /
-   ``setup_model_and_optimizer`` / ``train_step`` of training.py, anything under megatron/core), or
+   ``setup_model_and_optimizer`` / ``train_step`` of training.py, anything under megatron/core but
+   its tokenizers and inference), or
    copied into ``OptimizerConfig`` / ``DistributedDataParallelConfig`` by their ``dataclasses.fields``
    loops; or read in ``validate_args`` in a statement that assigns a ``memory`` destination (a
    derivation: ``--recompute-activations`` sets ``recompute_granularity``), to a fixpoint.
 5. ``neutral``: everything else: read only by logging, checkpointing, data loading, initialisation,
-   the training loop's bookkeeping, inference, or not read at all.
+   the training loop's bookkeeping, inference, the tokenizer, or not read at all.
+
+Before all of these, ``NEUTRAL_READS``: destinations read where a step is built that still cannot
+change what it allocates (seeds, timeouts, checkpoint paths, loss checks, ...), each with the reason,
+decided by reading the code that reads them. ModelOpt's own flags are ``memory`` where its builder
+or loaders read them (``MODELOPT``).
 
   ./venv-run python ci/megatron_lm_flags.py [--commit d98e8a64] [--repo ~/.cache/recompute-harness/megatron-lm.git]
 """
