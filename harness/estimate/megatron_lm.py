@@ -99,6 +99,8 @@ _NOT_MODELLED = {
     # TE's op-fuser implementation of the MLP / grouped experts: TE-only code, no CPU counterpart
     # (MCore asserts its fused GroupedMLP is supported, and the CPU stand-ins are not).
     "use_transformer_engine_op_fuser": "Transformer Engine's op fuser (fused MLP)",
+    # MoE all-to-all overlapped with another micro-batch's compute (the combined 1F1B schedule).
+    "overlap_moe_expert_parallel_comm": "expert-parallel communication overlap",
 }
 # The features of Megatron-LM's other flags that change what a step allocates, by destination, for
 # the refusal's one line (any other such flag is named by the code that reads it).
@@ -107,8 +109,6 @@ _FEATURES = {
     "use_torch_fsdp2": "torch FSDP2",
     "data_parallel_sharding_strategy": "Megatron FSDP",
     "pipeline_model_parallel_layout": "a pipeline layout",
-    "account_for_embedding_in_pipeline_split": "uneven pipelines",
-    "account_for_loss_in_pipeline_split": "uneven pipelines",
     "cuda_graph_modules": "CUDA graphs (their private pools)",
     "cuda_graph_scope_deprecated": "CUDA graphs (their private pools)",
     "hierarchical_context_parallel_sizes": "hierarchical context parallelism",
@@ -157,7 +157,9 @@ class MegatronLMRun:
     optimizer: str  # adam or sgd
     distributed_optimizer: bool
     distributed_optimizer_instances: int
-    stage_layers: tuple[int, ...] | None  # an uneven pipeline's layers per stage
+    stage_layers: tuple[int, ...] | None  # an uneven pipeline's layers per virtual stage
+    # --defer-embedding-wgrad-compute: None off, else --wgrad-deferral-limit (0: every micro-batch)
+    deferred_embedding_wgrad: int | None
     grad_reduce_in_fp32: bool
     main_param_bytes: int
     optimizer_state_bytes: int  # per parameter: Adam's two moments, SGD's momentum
@@ -344,6 +346,10 @@ def _parser() -> argparse.ArgumentParser:
     add("--decoder-first-pipeline-num-layers", type=int, default=None)
     add("--decoder-last-pipeline-num-layers", type=int, default=None)
     add("--cp-comm-type", nargs="+", default=["p2p"])
+    # Pipeline P2P overlap: Megatron-LM's default on (store_false), off without virtual stages
+    # (validate_args); batch_p2p_comm is its negation (core_transformer_config_from_args). Both
+    # send and receive the same activation tensors.
+    add("--no-overlap-p2p-communication", action="store_false", dest="overlap_p2p_comm")
     add("--ddp-num-buckets", type=int, default=None)
     # Accepted, the same bytes either way: flash attention is what the fused CPU core attention
     # keeps (q, k, v, output, LSE); OpenAI's GeLU is GeLU; and the kernel fusions below the CPU
@@ -564,6 +570,25 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         and key not in ("transformer_impl", "attention_backend", "fp8_recipe")
     }
     config.update(_activation(args))
+    # The output layer's deferred weight gradient is the stage's, not a decoder layer's (and MCore
+    # refuses it without PP, which the CPU layers run): carried beside the config.
+    deferred = config.pop("defer_embedding_wgrad_compute", False)
+    deferral_limit = config.pop("wgrad_deferral_limit", 0)
+    stage_layers = _virtual_stage_layers(args, config, pp, vpp)
+    for split in ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"):
+        config.pop(split, None)  # the pipeline's split (above), not a layer's
+    # validate_args: P2P overlap only under the interleaved schedule; the config's batch_p2p_comm
+    # is its negation
+    overlap_p2p = bool(args.overlap_p2p_comm and vpp not in (None, 1))
+    config["overlap_p2p_comm"] = overlap_p2p
+    config["batch_p2p_comm"] = not overlap_p2p
+    if not config.get("multi_latent_attention"):
+        # MLATransformerConfig's own fields (--rotary-percent, ...) reach GPTModel, not a
+        # TransformerConfig, in Megatron-LM's builders; the rotary share changes no allocation.
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        plain = set(TransformerConfig.__dataclass_fields__)
+        config = {key: value for key, value in config.items() if key in plain}
     if config.get("ffn_hidden_size") is None:
         config["ffn_hidden_size"] = (
             int((4 * hidden * 2 / 3) / 64) * 64 if args.swiglu else 4 * hidden
@@ -652,7 +677,8 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
         optimizer=args.optimizer,
         distributed_optimizer=args.use_distributed_optimizer,
         distributed_optimizer_instances=args.num_distributed_optimizer_instances,
-        stage_layers=_uneven_stages(args, pp, vpp),
+        stage_layers=stage_layers,
+        deferred_embedding_wgrad=deferral_limit if deferred else None,
         grad_reduce_in_fp32=fp32_grads,
         main_param_bytes=main,
         optimizer_state_bytes=state,
@@ -670,31 +696,60 @@ def parse_megatron_lm(flags: list[str], world_size: int) -> MegatronLMRun:
     )
 
 
-def _uneven_stages(args: argparse.Namespace, pp: int, vpp: int | None) -> tuple[int, ...] | None:
-    """Layers per pipeline stage under ``--decoder-first/last-pipeline-num-layers`` (MCore's
-    ``get_num_layers_to_build``: the first and last stages take what is given, the stages between
-    share the rest evenly); None for MCore's even split."""
+def _virtual_stage_layers(
+    args: argparse.Namespace, config: dict[str, Any], pp: int, vpp: int | None
+) -> tuple[int, ...] | None:
+    """Decoder layers of each virtual pipeline stage (``v = chunk * PP + rank``, layers assigned in
+    that order) where MCore's split is uneven: ``get_num_layers_to_build``
+    (transformer_block.py) with ``--decoder-first/last-pipeline-num-layers`` (those stages take what
+    is given, the stages between share the rest, each stage's over its chunks) or
+    ``--account-for-embedding/loss-in-pipeline-split`` (the embedding and the loss counted as
+    layers of the first and last virtual stage); None for the even split."""
     first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
-    if first is None and last is None:
+    embedding = bool(config.get("account_for_embedding_in_pipeline_split"))
+    loss = bool(config.get("account_for_loss_in_pipeline_split"))
+    if first is None and last is None and not embedding and not loss:
         return None
     if pp == 1:
+        raise UsageError("Megatron-LM flags: an uneven pipeline split needs pipeline parallelism")
+    chunks = vpp or 1
+    layers = args.num_layers
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise UsageError(
+                "Megatron-LM flags: --decoder-first/last-pipeline-num-layers do not go with "
+                "--account-for-embedding/loss-in-pipeline-split (MCore refuses both)"
+            )
+        middle = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if rest < 0 or (middle == 0 and rest) or (middle and rest % middle):
+            raise UsageError(
+                f"Megatron-LM flags: {layers} layers less the first stage's {first or 0} and "
+                f"the last's {last or 0} do not split evenly over the {middle} stage(s) between"
+            )
+        per_rank = [rest // middle if middle else 0] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        total = layers + embedding + loss
+        if total % pp:
+            raise UsageError(
+                f"Megatron-LM flags: {layers} layers with the embedding / loss counted do not "
+                f"split evenly over PP {pp}"
+            )
+        per_rank = [total // pp] * pp
+    if any(count % chunks for count in per_rank):
         raise UsageError(
-            "Megatron-LM flags: --decoder-first/last-pipeline-num-layers need pipeline parallelism"
+            f"Megatron-LM flags: the stages' {'/'.join(map(str, per_rank))} layers do not split "
+            f"over {chunks} virtual stages"
         )
-    if vpp not in (None, 1):
-        raise UsageError(
-            "Megatron-LM flags: uneven pipelines with virtual stages are not modelled "
-            "(--decoder-first/last-pipeline-num-layers with VPP)"
-        )
-    middle = pp - (first is not None) - (last is not None)
-    rest = args.num_layers - (first or 0) - (last or 0)
-    if rest < 0 or (middle == 0 and rest) or (middle and rest % middle):
-        raise UsageError(
-            f"Megatron-LM flags: {args.num_layers} layers less the first stage's {first or 0} and "
-            f"the last's {last or 0} do not split evenly over the {middle} stage(s) between"
-        )
-    between = [rest // middle] * middle if middle else []
-    stages = ([first] if first is not None else []) + between + ([last] if last is not None else [])
+    stages = [per_rank[v % pp] // chunks for v in range(pp * chunks)]
+    stages[0] -= embedding
+    stages[-1] -= loss
+    if min(stages) < 0 or sum(stages) != layers:
+        raise UsageError("Megatron-LM flags: not enough layers for the uneven pipeline split")
     return tuple(stages)
 
 

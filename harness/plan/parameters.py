@@ -130,29 +130,23 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
     layout = workload.parallelism
     if layout.cp > 1:
         # Context parallelism shards no parameter (every CP rank of a stage holds its weights), and
-        # the CPU core attention refuses CP: counted at CP 1 over the same TP, PP, EP and DP.
-        workload = dataclasses.replace(
-            workload,
-            parallelism=dataclasses.replace(layout, cp=1),
-            world_size=workload.world_size // layout.cp,
-        )
+        # the CPU core attention refuses CP: counted at CP 1 in the same world (TP, PP, EP and
+        # ETP shard as before; the larger DP shards no parameter either).
+        workload = dataclasses.replace(workload, parallelism=dataclasses.replace(layout, cp=1))
     with fake_parallel_state(workload):
         config = full_config(workload, RecomputeFields.parse(CONTROL_ROW))
         with torch.device("meta"), _refusal_as_usage_error():
+            # Sequence parallelism and attention dropout make no parameter, and the torch norms
+            # (a hybrid stack's, attention's q/k norms) refuse SP, the fused CPU attention
+            # dropout: counted without both.
+            unsplit = dataclasses.replace(config, sequence_parallel=False, attention_dropout=0.0)
             if style.hybrid_pattern:
-                # Sequence parallelism and attention dropout make no parameter, and the stack's
-                # torch norms refuse SP, its fused CPU attention dropout: counted without both.
-                unsplit = dataclasses.replace(
-                    config, sequence_parallel=False, attention_dropout=0.0
-                )
                 model = build_hybrid_model(style, unsplit, "fused", workload.seq_length)
             else:
-                block_spec = decoder_block_spec(config)
+                block_spec = decoder_block_spec(unsplit)
                 set_core_attention(block_spec, workload.attention_backend, style.mla)
-                if config.sequence_parallel:
-                    _sequence_parallel_norms(block_spec)
                 model = GPTModel(
-                    config,
+                    unsplit,
                     block_spec,
                     vocab_size=workload.vocab_size,
                     max_sequence_length=workload.max_position_embeddings or workload.seq_length,
@@ -174,20 +168,6 @@ def _refusal_as_usage_error() -> Iterator[None]:
         raise UsageError(
             f"Megatron Core cannot build this model: {summary['type']}: {summary['message']}{where}"
         ) from None
-
-
-def _sequence_parallel_norms(block_spec: Any) -> None:
-    """The block's torch norms built as ``sequence_parallel_norm`` (``WrappedTorchNorm`` refuses SP;
-    a norm's parameters are the same either way)."""
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    from harness.models import sequence_parallel_norm
-
-    for spec in (*block_spec.layer_specs, block_spec):
-        submodules = getattr(spec, "submodules", spec)
-        for name in ("input_layernorm", "pre_mlp_layernorm", "layer_norm"):
-            if getattr(submodules, name, None) is WrappedTorchNorm:
-                setattr(submodules, name, sequence_parallel_norm)
 
 
 def _counts(model: torch.nn.Module, layers: int, workload: TrainingJob) -> ParameterCounts:

@@ -201,8 +201,10 @@ def _stage_activations(
             (sum((row.per_layer[k] for k in g), Fraction(0)) for g in groups), default=Fraction(0)
         )
         transient = max(transient, row.transient + replay)
-    last = chunks[in_flight[-1]][-1]
-    where = f"layer {last} ({kinds[last]})"
+    # an uneven split can leave a chunk without decoder layers (the embedding counted as one)
+    held = [chunks[chunk] for chunk in in_flight if chunks[chunk]]
+    last = held[-1][-1] if held else None
+    where = "no decoder layer" if last is None else f"layer {last} ({kinds[last]})"
     return retained, transient, where
 
 
@@ -216,6 +218,22 @@ def _hidden_bytes(workload: TrainingJob) -> int:
         * workload.arch.config["hidden_size"]
         * DTYPE_BYTES[workload.precision]
     )
+
+
+def deferred_wgrad_bytes(workload: TrainingJob, own: bool) -> int:
+    """The output layer's deferred weight-gradient inputs on the last stage: with
+    ``defer_embedding_wgrad_compute`` MCore's ColumnParallelLinear appends each micro-batch's input
+    to ``embedding_activation_buffer`` and its backward appends the logits' gradient ``[s, b, V/tp]``
+    to ``grad_output_buffer`` (tensor_parallel/layers.py), up to ``wgrad_deferral_limit``
+    micro-batches (0: all), kept until the pipeline flush computes the weight gradient. At the last
+    micro-batch's logits the earlier ones are held; in its backward (``own``) its own too."""
+    limit = workload.deferred_embedding_wgrad
+    if limit is None:
+        return 0
+    held = workload.micro_batches - (0 if own else 1)
+    if limit:
+        held = min(held, limit)
+    return max(held, 0) * (_hidden_bytes(workload) + logits_bytes(workload)[0])
 
 
 def logits_bytes(workload: TrainingJob) -> tuple[int, int]:
@@ -290,6 +308,7 @@ def rank_peaks(
         else:
             all_gradients = elements * width
             activation_gradients = _gradients_made_by_peak(workload, counts, row, layers, last)
+        deferred = deferred_wgrad_bytes(workload, own=True) if last else 0
         moments: list[Moment] = []
         for iteration in (1, 2):
             state = optimizer_bytes(workload, dense, expert, moments=iteration > 1)
@@ -302,7 +321,7 @@ def rank_peaks(
                         **fixed,
                         "gradients": activation_gradients,
                         "optimizer_state": state,
-                        "activations": round(retained),
+                        "activations": round(retained) + deferred,
                         "temporaries": round(transient),
                     },
                 )
@@ -318,7 +337,9 @@ def rank_peaks(
                             **fixed,
                             "gradients": gradient_buffer_bytes(workload, elements),
                             "optimizer_state": state,
-                            "activations": round(retained) + _hidden_bytes(workload),
+                            "activations": round(retained)
+                            + _hidden_bytes(workload)
+                            + deferred_wgrad_bytes(workload, own=False),
                             "temporaries": logits + fp32_copy,
                         },
                     )

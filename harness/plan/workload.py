@@ -112,9 +112,12 @@ class TrainingJob:
     position_embedding_type: str = "rope"  # learned_absolute adds max_position_embeddings x h
     max_position_embeddings: int | None = None  # None: the sequence length
     distributed_optimizer_instances: int = 1  # --num-distributed-optimizer-instances
-    # Layers per pipeline stage of an uneven pipeline (--decoder-first/last-pipeline-num-layers);
+    # Layers per virtual pipeline stage (chunk x PP + rank) of an uneven pipeline
+    # (--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split);
     # None: MCore's even split.
     stage_layers: tuple[int, ...] | None = None
+    # --defer-embedding-wgrad-compute: None off, else the deferral limit (0: every micro-batch)
+    deferred_embedding_wgrad: int | None = None
 
     @property
     def local_seq_length(self) -> int:
@@ -272,6 +275,7 @@ def workload_from_megatron_lm(run: MegatronLMRun) -> TrainingJob:
         max_position_embeddings=run.max_position_embeddings,
         distributed_optimizer_instances=run.distributed_optimizer_instances,
         stage_layers=run.stage_layers,
+        deferred_embedding_wgrad=run.deferred_embedding_wgrad,
     )
     check_layout(workload, "Megatron-LM flags")
     return workload

@@ -303,5 +303,47 @@ def test_an_uneven_pipeline_gives_its_first_and_last_stages_their_layers():
     assert parse_megatron_lm(uneven + ["--num-layers", "36"], 32).stage_layers == (6, 10, 10, 10)
     with pytest.raises(UsageError, match="do not split evenly over the 3 stage"):
         parse_megatron_lm(uneven + ["--num-layers", "35"], 32)
-    with pytest.raises(UsageError, match="uneven pipelines with virtual stages are not modelled"):
-        parse_megatron_lm([*uneven, "--num-virtual-stages-per-pipeline-rank", "2"], 32)
+    with pytest.raises(UsageError, match="the stages' 6/9/9/9 layers do not split over 2 virtual"):
+        vpp = ["--num-layers", "33", "--num-virtual-stages-per-pipeline-rank", "2"]
+        parse_megatron_lm([*uneven, *vpp], 32)
+
+
+def test_the_embedding_and_loss_counted_in_the_split_take_a_layer_from_the_end_virtual_stages():
+    from harness.plan.schedule import chunk_layers
+    from harness.plan.workload import workload_from_megatron_lm
+
+    flags = [*DENSE, "--num-layers", "30", "--pipeline-model-parallel-size", "4"]
+    flags += ["--num-virtual-stages-per-pipeline-rank", "2"]
+    flags += ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    run = parse_megatron_lm(flags, 32)
+    # get_num_layers_to_build: (30 + 2) / PP 4 / 2 chunks = 4 a virtual stage, the first and the
+    # last one fewer; layers in virtual-stage order (v = chunk x PP + rank)
+    assert run.stage_layers == (3, 4, 4, 4, 4, 4, 4, 3)
+    workload = workload_from_megatron_lm(run)
+    assert chunk_layers(30, workload.parallelism, 0, workload.stage_layers) == [
+        [0, 1, 2],
+        [15, 16, 17, 18],
+    ]
+    assert "account_for_embedding_in_pipeline_split" not in run.arch.config
+
+
+def test_deferred_embedding_wgrad_keeps_each_micro_batchs_output_layer_input_and_gradient():
+    from harness.plan.step import _hidden_bytes, deferred_wgrad_bytes, logits_bytes
+    from harness.plan.workload import workload_from_megatron_lm
+
+    flags = [*DENSE, "--pipeline-model-parallel-size", "2", "--global-batch-size", "32"]
+    plain = workload_from_megatron_lm(parse_megatron_lm(flags, 16))
+    assert deferred_wgrad_bytes(plain, own=True) == 0
+    run = parse_megatron_lm([*flags, "--defer-embedding-wgrad-compute"], 16)
+    assert "defer_embedding_wgrad_compute" not in run.arch.config  # the stage's, not a layer's
+    workload = workload_from_megatron_lm(run)
+    # 32 / (1 x DP 4) = 8 micro-batches: at the last one's logits the 7 before it are held, each
+    # its [s/tp, b, h] input and [s, b, V/tp] logits gradient in bf16
+    each = _hidden_bytes(workload) + logits_bytes(workload)[0]
+    assert workload.micro_batches == 8
+    assert deferred_wgrad_bytes(workload, own=False) == 7 * each
+    assert deferred_wgrad_bytes(workload, own=True) == 8 * each
+    limited = parse_megatron_lm(
+        [*flags, "--defer-embedding-wgrad-compute", "--wgrad-deferral-limit", "3"], 16
+    )
+    assert deferred_wgrad_bytes(workload_from_megatron_lm(limited), own=True) == 3 * each
