@@ -238,6 +238,27 @@ def test_megatron_lms_own_training_commands_are_accepted_or_refused_naming_a_fea
     for refusal in filter(None, refusals):
         assert "\n" not in refusal
         assert "is not modelled" in refusal or "give --vocab-size" in refusal or "flag" in refusal
+    # every accepted command builds its model (meta device) and resolves its row on the validator,
+    # or is refused in one line (no traceback)
+    from harness.plan.parameters import count_parameters, fake_parallel_state
+    from harness.plan.plan import resolved_row
+    from harness.plan.workload import workload_from_megatron_lm
+
+    built = 0
+    for (_, flags), refusal in zip(cases, refusals, strict=True):
+        if refusal is not None:
+            continue
+        try:
+            run = parse_megatron_lm(flags, bench.WORLD_SIZE)
+            workload = workload_from_megatron_lm(run)
+            count_parameters(workload)
+            with fake_parallel_state(workload):
+                resolved_row(workload, run.given)
+        except UsageError as refused:
+            assert "\n" not in str(refused)
+        else:
+            built += 1
+    assert built >= accepted - 1  # one: a global batch 8 GPUs cannot divide
 
 
 def test_context_parallelism_splits_the_sequence_and_shards_the_optimizer_over_dp_x_cp():
