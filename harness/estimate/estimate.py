@@ -212,12 +212,51 @@ def measure_recipe(
     if child is None:
         raise RuntimeError(f"the estimate's layer measurement ran past {timeout_s:.0f} s")
     results = [json.loads(text) for text in texts]
-    if child.returncode != 0 or len(results) != target.parallelism.tp:
-        tail = (child.stderr.strip().splitlines() or ["no output"])[-1]
+    failed = [r for r in results if "error" in r]
+    if failed:
+        error = failed[0]["error"]
+        where = f" at {error['where']}" if error["where"] else ""
         raise RuntimeError(
-            f"the estimate's layer measurement failed (exit {child.returncode}): {tail}"
+            f"the estimate's layer measurement failed on rank {failed[0]['rank']}: "
+            f"{error['type']}: {error['message']}{where}; reproduce with: "
+            + shlex.join(worker_command(target, rows, attention_backend, seq_lengths))
+        )
+    if child.returncode != 0 or len(results) != target.parallelism.tp:
+        # No rank reported an exception (one was killed, or torchrun itself failed): the last
+        # line that is not the launcher's banner.
+        lines = [
+            line
+            for line in child.stderr.strip().splitlines()
+            if line.strip() and not set(line.strip()) <= {"=", "-"}
+        ]
+        raise RuntimeError(
+            f"the estimate's layer measurement failed (exit {child.returncode}): "
+            f"{(lines or ['no output'])[-1]}; reproduce with: "
+            + shlex.join(worker_command(target, rows, attention_backend, seq_lengths))
         )
     return results
+
+
+def worker_command(
+    target: EstimateTarget, rows: list[str], attention_backend: str, seq_lengths: tuple[int, ...]
+) -> list[str]:
+    """The command that runs the measurement's ranks by hand (``--out`` a folder to write to)."""
+    return [
+        "torchrun",
+        "--standalone",
+        f"--nproc-per-node={target.parallelism.tp}",
+        "-m",
+        "harness.estimate.worker",
+        *target.worker_source,
+        "--rows",
+        json.dumps(rows),
+        "--seqs",
+        ",".join(str(s) for s in seq_lengths),
+        "--attention-backend",
+        attention_backend,
+        "--out",
+        "OUT",
+    ]
 
 
 def _at_target(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ from harness.cpu.deferred_compile import (
     defer_compile_before_megatron_core,
     run_compiled_helpers_eagerly,
 )
+from harness.errors import exception_summary
 from harness.processes import die_with_parent
 
 if TYPE_CHECKING:  # imports Megatron Core, which must come after the deferral in main()
@@ -93,6 +95,9 @@ def measure_kinds(
                 result["rejected"][row] = {"message": message, "rule": rejected.rule}
                 continue
             base = layer if base is None else base
+            if "mlp" in (fields.modules or ()) and mlp_checkpoint_returns_bias(layer):
+                result["rejected"][row] = MLP_BIAS_RECURSION
+                continue
             missing = te_only_labels_missing(
                 fields.modules or (), layer, transformer_engine_available()
             )
@@ -111,6 +116,34 @@ def measure_kinds(
         result["kinds"][kind] = per_row
         result["peaks"][kind] = peaks
     return result
+
+
+# What MCore does with ``mlp`` recompute and linear biases (0.19.2, and Megatron-LM d98e8a64's):
+# TransformerLayer checkpoints the MLP with tensor_parallel.checkpoint (no FP8), the MLP returns
+# linear_fc2's bias parameter itself (added later by bias-dropout-add), and CheckpointFunction
+# gives that returned parameter its own node: backward replays the MLP, hands the bias's gradient
+# to torch.autograd.backward, which reaches the same node again: a recursion without end (seen
+# here; the FP8 path, te_checkpoint, is another function; the probe's style models turn biases off
+# for it, harness/models/style.py). Reported as a rejection, not measured.
+MLP_BIAS_RECURSION = {
+    "message": "with linear biases, MCore's checkpoint of the MLP returns linear_fc2's bias "
+    "parameter and its backward re-enters itself (tensor_parallel/random.py CheckpointFunction)",
+    "rule": "mlp-recompute-with-linear-bias",
+}
+
+
+def mlp_checkpoint_returns_bias(layer: Any) -> bool:
+    """Whether ``mlp`` recompute of this layer takes the path above: a dense MLP whose output
+    layer returns its bias, checkpointed without FP8."""
+    from megatron.core.transformer.mlp import MLP
+
+    mlp = getattr(layer, "mlp", None)
+    config = layer.config
+    return (
+        isinstance(mlp, MLP)
+        and getattr(mlp.linear_fc2, "bias", None) is not None
+        and not (config.fp8 or config.fp4)
+    )
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
@@ -168,9 +201,16 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--timeout", type=float, default=300.0)
     args = parser.parse_args(argv)
-    result = _run(args)
     from harness.files import write_json_atomic
 
+    try:
+        result = _run(args)
+    except Exception as failed:  # noqa: BLE001 (reported: torchrun would show only its banner)
+        rank = int(os.environ.get("RANK", "0"))
+        write_json_atomic(
+            args.out / f"rank{rank}.json", {"rank": rank, "error": exception_summary(failed)}
+        )
+        return 1
     write_json_atomic(args.out / f"rank{result['rank']}.json", result)
     return 0
 

@@ -14,6 +14,7 @@ keeps there for the output layer).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import defaultdict
 from contextlib import contextmanager
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harness.config.fields import CONTROL_ROW, RecomputeFields
-from harness.errors import UsageError
+from harness.errors import UsageError, exception_summary
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -126,18 +127,26 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
     from harness.models.hybrid import build_hybrid_model
 
     style = workload.arch.style
+    layout = workload.parallelism
+    if layout.cp > 1:
+        # Context parallelism shards no parameter (every CP rank of a stage holds its weights), and
+        # the CPU core attention refuses CP: counted at CP 1 in the same world (TP, PP, EP and
+        # ETP shard as before; the larger DP shards no parameter either).
+        workload = dataclasses.replace(workload, parallelism=dataclasses.replace(layout, cp=1))
     with fake_parallel_state(workload):
         config = full_config(workload, RecomputeFields.parse(CONTROL_ROW))
-        with torch.device("meta"):
+        with torch.device("meta"), _refusal_as_usage_error():
+            # Sequence parallelism and attention dropout make no parameter, and the torch norms
+            # (a hybrid stack's, attention's q/k norms) refuse SP, the fused CPU attention
+            # dropout: counted without both.
+            unsplit = dataclasses.replace(config, sequence_parallel=False, attention_dropout=0.0)
             if style.hybrid_pattern:
-                model = build_hybrid_model(style, config, "fused", workload.seq_length)
+                model = build_hybrid_model(style, unsplit, "fused", workload.seq_length)
             else:
-                block_spec = decoder_block_spec(config)
+                block_spec = decoder_block_spec(unsplit)
                 set_core_attention(block_spec, workload.attention_backend, style.mla)
-                if config.sequence_parallel:
-                    _sequence_parallel_norms(block_spec)
                 model = GPTModel(
-                    config,
+                    unsplit,
                     block_spec,
                     vocab_size=workload.vocab_size,
                     max_sequence_length=workload.max_position_embeddings or workload.seq_length,
@@ -147,18 +156,18 @@ def count_parameters(workload: TrainingJob) -> ParameterCounts:
         return _counts(model, config.num_layers, workload)
 
 
-def _sequence_parallel_norms(block_spec: Any) -> None:
-    """The block's torch norms built as ``sequence_parallel_norm`` (``WrappedTorchNorm`` refuses SP;
-    a norm's parameters are the same either way)."""
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-
-    from harness.models import sequence_parallel_norm
-
-    for spec in (*block_spec.layer_specs, block_spec):
-        submodules = getattr(spec, "submodules", spec)
-        for name in ("input_layernorm", "pre_mlp_layernorm", "layer_norm"):
-            if getattr(submodules, name, None) is WrappedTorchNorm:
-                setattr(submodules, name, sequence_parallel_norm)
+@contextmanager
+def _refusal_as_usage_error() -> Iterator[None]:
+    """Megatron Core refusing to build the model (an assertion or a value it rejects in a module's
+    constructor) as one line naming the exception and its Megatron Core frame."""
+    try:
+        yield
+    except (AssertionError, ValueError, TypeError, NotImplementedError) as refused:
+        summary = exception_summary(refused)
+        where = f" at {summary['where']}" if summary["where"] else ""
+        raise UsageError(
+            f"Megatron Core cannot build this model: {summary['type']}: {summary['message']}{where}"
+        ) from None
 
 
 def _counts(model: torch.nn.Module, layers: int, workload: TrainingJob) -> ParameterCounts:

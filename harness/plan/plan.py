@@ -3,6 +3,7 @@ cheapest row that fits with a margin."""
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import socket
 from dataclasses import asdict, dataclass, field
@@ -167,11 +168,18 @@ def measure_megatron_lm(
 
     if run.parallelism.tp > 8:
         raise UsageError(f"TP {run.parallelism.tp} would start that many CPU ranks; at most 8 run")
+    # The estimate's layers are per layer and micro-batch whatever the stage; an uneven pipeline's
+    # stages are not its even split, so its layers are measured as one stage (plan composes them).
+    measured_layout = (
+        run.parallelism
+        if run.stage_layers is None
+        else dataclasses.replace(run.parallelism, pp=1, vpp=None)
+    )
     target = EstimateTarget(
         run.name,
-        run.parallelism,
+        measured_layout,
         run.world_size,
-        run.seq_length,
+        workload.local_seq_length,  # a CP rank's layers run s / CP tokens
         run.micro_batch_size,
         run.global_batch_size,
         run.precision,
@@ -180,9 +188,10 @@ def measure_megatron_lm(
     names = measurable_rows(workload, rows)
     try:
         results = measure_recipe(target, names, workload.attention_backend)
+        # the control unmeasurable (a layer the CPU cannot build) is the assembly's refusal
+        estimate = assemble(target, names, workload.attention_backend, results)
     except RuntimeError as exc:
-        raise UsageError(str(exc)) from None
-    estimate = assemble(target, names, workload.attention_backend, results)
+        raise UsageError(str(exc).strip().splitlines()[0]) from None
     return (
         estimate.as_dict(),
         f"measured now ({len(names)} rows at seq {estimate.probe_seq_lengths})",
@@ -209,6 +218,11 @@ def plan(
             labelled.insert(0, (GIVEN, resolved_row(workload, given)))
         rejected = _rejections(workload, [fields for _, fields in labelled])
     table = LayerTable.from_estimate(estimate)
+    # Rows the layer measurement found MCore cannot run (the worker's rejections: the validator
+    # passes them): rejected as well, with the worker's rule and reason.
+    for name, row in table.rows.items():
+        if row.get("status") == REJECTED and row.get("rule"):
+            rejected.setdefault(name, (row["rule"], row["reason"]))
     kinds = list(workload.arch.layer_kinds)
     out = [
         _row(workload, counts, table, kinds, label, fields, rejected, budget_bytes)

@@ -12,9 +12,19 @@ from __future__ import annotations
 from harness.run.recipes import Parallelism
 
 
-def chunk_layers(layers: int, layout: Parallelism, stage: int) -> list[list[int]]:
-    """The decoder layers of each model chunk of ``stage`` (MCore's even split)."""
+def chunk_layers(
+    layers: int, layout: Parallelism, stage: int, stage_layers: tuple[int, ...] | None = None
+) -> list[list[int]]:
+    """The decoder layers of each model chunk of ``stage``: MCore's even split, or with
+    ``stage_layers`` (an uneven pipeline: layers per virtual stage ``v = chunk * PP + stage``, in
+    that order) each chunk's own run."""
     vpp = layout.vpp or 1
+    if stage_layers is not None:
+        starts = [sum(stage_layers[:v]) for v in range(len(stage_layers))]
+        return [
+            list(range(starts[v], starts[v] + stage_layers[v]))
+            for v in (c * layout.pp + stage for c in range(vpp))
+        ]
     per_chunk = layers // (layout.pp * vpp)
     return [
         list(range((c * layout.pp + stage) * per_chunk, (c * layout.pp + stage + 1) * per_chunk))

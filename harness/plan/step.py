@@ -125,7 +125,7 @@ def cublas_workspaces(workload: TrainingJob) -> int:
 def _sharding(workload: TrainingJob) -> tuple[int, int]:
     """(dense, expert) data-parallel sizes the optimizer state is sharded over (1: not sharded)."""
     if workload.optimizer is Optimizer.MEGATRON and workload.distributed_optimizer:
-        return workload.data_parallel, workload.expert_data_parallel
+        return workload.optimizer_shards
     return 1, 1
 
 
@@ -161,8 +161,8 @@ def resident_buffer_bytes(workload: TrainingJob) -> int:
             * DTYPE_BYTES[workload.precision]
         )
     mask = workload.seq_length**2 if workload.resident_causal_mask else 0
-    if workload.attention_mask_in_batch:
-        mask += workload.micro_batch_size * workload.seq_length**2
+    if workload.attention_mask_in_batch:  # a CP rank's rows of it: [b, 1, s / CP, s]
+        mask += workload.micro_batch_size * workload.local_seq_length * workload.seq_length
     return scores + mask
 
 
@@ -179,7 +179,7 @@ def _stage_activations(
 ) -> tuple[Fraction, Fraction, str]:
     """(retained over the in-flight micro-batches, transient, where) on ``stage`` under ``row``."""
     layout = workload.parallelism
-    chunks = chunk_layers(len(kinds), layout, stage)
+    chunks = chunk_layers(len(kinds), layout, stage, workload.stage_layers)
     in_flight = in_flight_chunks(layout, stage, workload.micro_batches)
     input_bytes = Fraction(_hidden_bytes(workload))
     retained = Fraction(0)
@@ -201,8 +201,10 @@ def _stage_activations(
             (sum((row.per_layer[k] for k in g), Fraction(0)) for g in groups), default=Fraction(0)
         )
         transient = max(transient, row.transient + replay)
-    last = chunks[in_flight[-1]][-1]
-    where = f"layer {last} ({kinds[last]})"
+    # an uneven split can leave a chunk without decoder layers (the embedding counted as one)
+    held = [chunks[chunk] for chunk in in_flight if chunks[chunk]]
+    last = held[-1][-1] if held else None
+    where = "no decoder layer" if last is None else f"layer {last} ({kinds[last]})"
     return retained, transient, where
 
 
@@ -210,7 +212,7 @@ def _hidden_bytes(workload: TrainingJob) -> int:
     """One micro-batch's ``[s/tp, b, h]`` hidden state (sequence parallel), in the parameter dtype."""
     tp = workload.parallelism.tp if workload.sequence_parallel else 1
     return (
-        workload.seq_length
+        workload.local_seq_length
         // tp
         * workload.micro_batch_size
         * workload.arch.config["hidden_size"]
@@ -218,10 +220,26 @@ def _hidden_bytes(workload: TrainingJob) -> int:
     )
 
 
+def deferred_wgrad_bytes(workload: TrainingJob, own: bool) -> int:
+    """The output layer's deferred weight-gradient inputs on the last stage: with
+    ``defer_embedding_wgrad_compute`` MCore's ColumnParallelLinear appends each micro-batch's input
+    to ``embedding_activation_buffer`` and its backward appends the logits' gradient ``[s, b, V/tp]``
+    to ``grad_output_buffer`` (tensor_parallel/layers.py), up to ``wgrad_deferral_limit``
+    micro-batches (0: all), kept until the pipeline flush computes the weight gradient. At the last
+    micro-batch's logits the earlier ones are held; in its backward (``own``) its own too."""
+    limit = workload.deferred_embedding_wgrad
+    if limit is None:
+        return 0
+    held = workload.micro_batches - (0 if own else 1)
+    if limit:
+        held = min(held, limit)
+    return max(held, 0) * (_hidden_bytes(workload) + logits_bytes(workload)[0])
+
+
 def logits_bytes(workload: TrainingJob) -> tuple[int, int]:
     """(logits in the parameter dtype, cross entropy's fp32 copy) of one micro-batch on a TP rank."""
     elements = (
-        workload.seq_length * workload.micro_batch_size * workload.vocab_size
+        workload.local_seq_length * workload.micro_batch_size * workload.vocab_size
     ) // workload.parallelism.tp
     width = DTYPE_BYTES[workload.precision]
     fp32_copy = width != 4 and workload.cross_entropy_fp32_copy
@@ -270,7 +288,11 @@ def rank_peaks(
     buffers = resident_buffer_bytes(workload)
     peaks = []
     for stage in range(layout.pp):
-        layers = [i for chunk in chunk_layers(len(kinds), layout, stage) for i in chunk]
+        layers = [
+            i
+            for chunk in chunk_layers(len(kinds), layout, stage, workload.stage_layers)
+            for i in chunk
+        ]
         first, last = stage == 0, stage == layout.pp - 1
         dense, expert = counts.stage(layers, first, last, layout.pp)
         elements = dense + expert
@@ -286,6 +308,7 @@ def rank_peaks(
         else:
             all_gradients = elements * width
             activation_gradients = _gradients_made_by_peak(workload, counts, row, layers, last)
+        deferred = deferred_wgrad_bytes(workload, own=True) if last else 0
         moments: list[Moment] = []
         for iteration in (1, 2):
             state = optimizer_bytes(workload, dense, expert, moments=iteration > 1)
@@ -298,7 +321,7 @@ def rank_peaks(
                         **fixed,
                         "gradients": activation_gradients,
                         "optimizer_state": state,
-                        "activations": round(retained),
+                        "activations": round(retained) + deferred,
                         "temporaries": round(transient),
                     },
                 )
@@ -314,7 +337,9 @@ def rank_peaks(
                             **fixed,
                             "gradients": gradient_buffer_bytes(workload, elements),
                             "optimizer_state": state,
-                            "activations": round(retained) + _hidden_bytes(workload),
+                            "activations": round(retained)
+                            + _hidden_bytes(workload)
+                            + deferred_wgrad_bytes(workload, own=False),
                             "temporaries": logits + fp32_copy,
                         },
                     )

@@ -111,6 +111,31 @@ class TrainingJob:
     attention_mask_in_batch: bool = False
     position_embedding_type: str = "rope"  # learned_absolute adds max_position_embeddings x h
     max_position_embeddings: int | None = None  # None: the sequence length
+    distributed_optimizer_instances: int = 1  # --num-distributed-optimizer-instances
+    # Layers per virtual pipeline stage (chunk x PP + rank) of an uneven pipeline
+    # (--decoder-first/last-pipeline-num-layers, --account-for-embedding/loss-in-pipeline-split);
+    # None: MCore's even split.
+    stage_layers: tuple[int, ...] | None = None
+    # --defer-embedding-wgrad-compute: None off, else the deferral limit (0: every micro-batch)
+    deferred_embedding_wgrad: int | None = None
+
+    @property
+    def local_seq_length(self) -> int:
+        """The tokens of a sequence one rank runs: context parallelism splits the sequence over CP
+        ranks (get_batch_on_this_cp_rank), so activations, logits and loss are of s / CP."""
+        return self.seq_length // self.parallelism.cp
+
+    @property
+    def optimizer_shards(self) -> tuple[int, int]:
+        """(dense, expert) ranks the distributed optimizer shards over: MCore's DDP reduce-scatters
+        dense gradients over data parallel x context parallel (its DP-CP group), experts over
+        expert data parallel; ``--num-distributed-optimizer-instances`` N shards within an
+        instance, 1/N of each (the intra-instance groups)."""
+        instances = self.distributed_optimizer_instances
+        return (
+            self.data_parallel * self.parallelism.cp // instances,
+            max(1, self.expert_data_parallel // instances),
+        )
 
     @property
     def sequence_parallel(self) -> bool:
@@ -248,6 +273,9 @@ def workload_from_megatron_lm(run: MegatronLMRun) -> TrainingJob:
         attention_mask_in_batch=run.attention_mask_in_batch,
         position_embedding_type=run.position_embedding_type,
         max_position_embeddings=run.max_position_embeddings,
+        distributed_optimizer_instances=run.distributed_optimizer_instances,
+        stage_layers=run.stage_layers,
+        deferred_embedding_wgrad=run.deferred_embedding_wgrad,
     )
     check_layout(workload, "Megatron-LM flags")
     return workload
@@ -264,7 +292,7 @@ def check_layout(workload: TrainingJob, where: str) -> None:
             f"{where}: world size {world} is not a multiple of TP x PP x CP and ETP x EP x PP"
         )
     chunks = layout.pp * (layout.vpp or 1)
-    if workload.arch.config["num_layers"] % chunks:
+    if workload.stage_layers is None and workload.arch.config["num_layers"] % chunks:
         raise UsageError(
             f"{where}: {workload.arch.config['num_layers']} layers do not split evenly over "
             f"{chunks} pipeline chunks"

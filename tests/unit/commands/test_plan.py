@@ -221,7 +221,7 @@ def test_a_moe_gpt_from_megatron_lm_flags():
     ("extra", "world", "says"),
     [
         (["--frobnicate"], 4, "--frobnicate is not a Megatron-LM d98e8a64 flag"),
-        (["--use-torch-fsdp2"], 4, "could change memory and plan does not model it"),
+        (["--use-torch-fsdp2"], 4, "torch FSDP2 (--use-torch-fsdp2) is not modelled"),
         (["--mtp-num-layers", "1"], 4, "multi-token prediction layers (--mtp-num-layers)"),
         ([], 3, "world size 3 is not a multiple of TP x PP x CP and ETP x EP x PP"),
     ],
@@ -239,3 +239,31 @@ def test_plan_takes_a_recipe_or_megatron_lm_flags_not_both(capsys):
 
     assert main(["plan", "--recipe", "moonlight-full-8gpu", "--world-size", "8"]) == 2
     assert "plan takes --recipe NAME, or --world-size N" in capsys.readouterr().err
+
+
+# A GPT as Megatron-LM's defaults make it: linear biases, LayerNorm, GeLU, learned absolute
+# positions, the GPT-2 BPE tokenizer (pretrain_gpt.py's default type, no vocabulary file here).
+BIASED_GPT = shlex.split(
+    "--num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 128 "
+    "--max-position-embeddings 128 --micro-batch-size 1 --bf16 --tensor-model-parallel-size 2 "
+    "--hidden-dropout 0 --attention-dropout 0 --distributed-backend nccl --use-mcore-models"
+)
+
+
+@pytest.mark.revisions
+def test_a_gpt_with_megatron_lms_default_biases_plans():
+    plan = _flags_plan(2, BIASED_GPT)
+    rows = {row["label"]: row for row in plan["rows"]}
+    assert rows["[]"]["status"] == "fits" and rows["core_attn"]["status"] == "fits"
+    # the one row MCore cannot run with biases (its MLP checkpoint re-enters itself): rejected
+    assert rows["mlp"]["status"] == "rejected"
+    assert rows["mlp"]["rule"] == "mlp-recompute-with-linear-bias"
+    # parameters per TP rank from the shapes, biases included: column-parallel weights and biases
+    # split, row-parallel biases and the LayerNorms' weights and biases whole; GPT-2's 50257 tokens
+    # padded to a multiple of 128 x TP; the position table whole.
+    h, ffn, tp, vocab = 128, 4 * 128, 2, 50432
+    layer = (h * 3 * h + 3 * h) // tp + h * h // tp + h + (h * ffn + ffn) // tp + ffn * h // tp
+    layer += h + 2 * 2 * h
+    elements = 2 * layer + 2 * h + vocab // tp * h + 128 * h
+    assert rows["[]"]["per_rank"][0]["parts"]["parameters"] == 2 * elements
+    assert plan["ignored_flags"] == ["--distributed-backend nccl", "--use-mcore-models"]
