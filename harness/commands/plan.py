@@ -16,6 +16,7 @@ from harness.config.revisions import collect_revisions
 from harness.errors import EXIT_FAILED, EXIT_OK, UsageError
 from harness.estimate.megatron_lm import parse_megatron_lm
 from harness.golden.capacity import judge_capacity, load_capacity_golden, write_capacity
+from harness.golden.figures import FigureMismatch
 from harness.golden.store import capacity_golden_path, existing, golden_root, writable
 from harness.plan.plan import (
     DEFAULT_BUDGET_GB,
@@ -106,6 +107,7 @@ def _plan_recipe(args: argparse.Namespace, started: float) -> int:
         print(f"{'wrote' if written else 'unchanged'} {target}", file=sys.stderr)
     stream = sys.stderr if args.json else sys.stdout
     golden_line = None
+    mismatches: list[FigureMismatch] = []
     exit_code = EXIT_OK
     if golden is not None:
         mismatches = judge_capacity(golden, result)
@@ -124,6 +126,7 @@ def _plan_recipe(args: argparse.Namespace, started: float) -> int:
         command=f"plan --recipe {recipe.name}",
         wall_s=time.monotonic() - started,
         golden_line=golden_line,
+        mismatches=mismatches,
     )
     print_summary(summary, stream)
     return exit_code

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -113,9 +114,10 @@ def plan_summary(
     command: str,
     wall_s: float,
     golden_line: str | None = None,
+    mismatches: Sequence[FigureMismatch] = (),
 ) -> Summary:
     """``plan``'s block: the rows judged by status, the chosen row (or that none fits), and the
-    capacity golden's verdict when it was judged."""
+    capacity golden's verdict when it was judged (each differing row once, with its figures)."""
     rows = result["rows"]
     statuses: dict[str, int] = {}
     for row in rows:
@@ -138,6 +140,7 @@ def plan_summary(
     summary.add("chosen", chosen or "none: no row fits the budget with the margin")
     if golden_line is not None:
         summary.add("golden", golden_line)
+        summary.add("changed", *figure_lines(mismatches, CHANGED_LABEL_LINES))
     if chosen is None:
         summary.verdict = f"no row of {workload} fits {budget:.2f} GB"
     elif golden_line is not None and not golden_line.startswith("matches"):

@@ -80,3 +80,20 @@ def test_an_estimate_golden_mismatch_says_each_row_once_with_its_figures():
     assert "           first: row 'moe': saving_bytes golden 100, now 90 (-10.00 %)" in lines
     assert "changed    row 'moe': saving_bytes -10 %, retained_bytes +3 %" in lines
     assert "           row 'core_attn': status 'effective' -> 'inactive'" in lines
+
+
+def test_a_capacity_golden_mismatch_says_each_row_once_with_its_figures():
+    from harness.report.verdicts import plan_summary
+
+    result = {"rows": [{"label": "moe", "fits": True, "status": "fits"}], "chosen": "moe"}
+    result["budget_bytes"] = 80e9
+    mismatch = FigureMismatch("row 'moe'", "peak_bytes", 1000, 1100)
+    lines = plan_summary(
+        "w",
+        result,
+        command="plan",
+        wall_s=1.0,
+        golden_line="1 figure(s) differ",
+        mismatches=[mismatch],
+    ).lines()
+    assert "changed    row 'moe': peak_bytes +10 %" in lines
