@@ -4,20 +4,14 @@ Core's TransformerConfig."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+from megatron_lm_scripts import mirror_or_skip, script
 
 from harness.errors import UsageError
 from harness.estimate.megatron_lm import MEGATRON_LM_COMMIT, flag_table, parse_megatron_lm
-
-# The share of Megatron-LM's functional-test training commands plan accepts (measured: see
-# docs/plan.md); a change that refuses more fails here.
-ACCEPTED_AT_LEAST = 0.80
 
 # A Llama-3-8B-style dense GPT on 16 GPUs.
 DENSE = shlex.split(
@@ -96,30 +90,11 @@ def test_a_world_that_the_layout_does_not_divide_is_refused():
         parse_megatron_lm(DENSE, 15)
 
 
-def _script(name: str) -> ModuleType:
-    """A script of ci/ or benchmarks/ as a module (they are no package)."""
-    root = Path(__file__).resolve().parents[3]
-    folder = "ci" if name.startswith("megatron_lm_flags") else "benchmarks"
-    spec = importlib.util.spec_from_file_location(name, root / folder / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _mirror_or_skip() -> str:
-    from overlays import ENABLE_HEAD, MEGATRON_LM_GIT
-
-    if not (MEGATRON_LM_GIT / "objects").is_dir() and not (MEGATRON_LM_GIT / ".git").is_dir():
-        pytest.skip(f"no Megatron-LM git repository at {MEGATRON_LM_GIT}: {ENABLE_HEAD}")
-    return str(MEGATRON_LM_GIT)
-
-
 def test_the_flag_table_holds_every_flag_megatron_lms_parser_defines():
     # A flag Megatron-LM adds at this revision and the table lacks fails here: rerun
     # ci/megatron_lm_flags.py (it decides the new flag from where its destination is read).
-    repo = _mirror_or_skip()
-    defined = _script("megatron_lm_flags").parser_flags(repo, MEGATRON_LM_COMMIT)
+    repo = mirror_or_skip()
+    defined = script("megatron_lm_flags").parser_flags(repo, MEGATRON_LM_COMMIT)
     table = flag_table()
     assert sorted(set(defined) - set(table)) == []
     assert {entry["kind"] for entry in table.values()} == {"neutral", "memory"}
@@ -223,42 +198,6 @@ def test_multi_latent_attention_is_megatron_lms_flag_with_its_defaults():
     # _add_mla_args' defaults, not MLATransformerConfig's
     assert run.arch.config["kv_lora_rank"] == 32 and run.arch.config["qk_head_dim"] == 128
     assert not parse_megatron_lm(mla, 16).arch.style.mla
-
-
-@pytest.mark.revisions  # ~8 s: outside the CPU tier, with the other Megatron-LM head checks
-def test_megatron_lms_own_training_commands_are_accepted_or_refused_naming_a_feature():
-    # Megatron-LM's functional-test launch commands (gpt, moe, hybrid; 8 GPUs), parsed only.
-    _mirror_or_skip()
-    bench = _script("megatron_lm_test_cases")
-    cases = bench.test_case_commands()
-    assert len(cases) > 200
-    refusals = [bench.judge(flags) for _, flags in cases]
-    accepted = refusals.count(None)
-    assert accepted / len(cases) >= ACCEPTED_AT_LEAST
-    for refusal in filter(None, refusals):
-        assert "\n" not in refusal
-        assert "is not modelled" in refusal or "give --vocab-size" in refusal or "flag" in refusal
-    # every accepted command builds its model (meta device) and resolves its row on the validator,
-    # or is refused in one line (no traceback)
-    from harness.plan.parameters import count_parameters, fake_parallel_state
-    from harness.plan.plan import resolved_row
-    from harness.plan.workload import workload_from_megatron_lm
-
-    built = 0
-    for (_, flags), refusal in zip(cases, refusals, strict=True):
-        if refusal is not None:
-            continue
-        try:
-            run = parse_megatron_lm(flags, bench.WORLD_SIZE)
-            workload = workload_from_megatron_lm(run)
-            count_parameters(workload)
-            with fake_parallel_state(workload):
-                resolved_row(workload, run.given)
-        except UsageError as refused:
-            assert "\n" not in str(refused)
-        else:
-            built += 1
-    assert built >= accepted - 1  # one: a global batch 8 GPUs cannot divide
 
 
 def test_context_parallelism_splits_the_sequence_and_shards_the_optimizer_over_dp_x_cp():
