@@ -197,13 +197,7 @@ def measure_recipe(
         target.parallelism.tp,
         "harness.estimate.worker",
         [
-            *target.worker_source,
-            "--rows",
-            json.dumps(rows),
-            "--seqs",
-            ",".join(str(s) for s in seq_lengths),
-            "--attention-backend",
-            attention_backend,
+            *_worker_args(target, rows, attention_backend, seq_lengths),
             "--timeout",
             str(timeout_s),
         ],
@@ -247,6 +241,17 @@ def worker_command(
         f"--nproc-per-node={target.parallelism.tp}",
         "-m",
         "harness.estimate.worker",
+        *_worker_args(target, rows, attention_backend, seq_lengths),
+        "--out",
+        "OUT",
+    ]
+
+
+def _worker_args(
+    target: EstimateTarget, rows: list[str], attention_backend: str, seq_lengths: tuple[int, ...]
+) -> list[str]:
+    """What the worker's ranks are given: the model, the rows, the sequence lengths, the back end."""
+    return [
         *target.worker_source,
         "--rows",
         json.dumps(rows),
@@ -254,8 +259,6 @@ def worker_command(
         ",".join(str(s) for s in seq_lengths),
         "--attention-backend",
         attention_backend,
-        "--out",
-        "OUT",
     ]
 
 

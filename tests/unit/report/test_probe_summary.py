@@ -92,20 +92,27 @@ def test_a_report_path_that_is_not_a_report_is_refused_before_any_work(tmp_path,
     assert notes.read_text() == "my notes\n"
 
 
-def test_a_tree_without_goldens_of_its_own_names_the_changed_value_not_the_missing_file(
-    dense_probe, tmp_path
-):
-    # As an edited tree of the same version sees it: the only golden is another fingerprint's.
-    (written,) = golden_step([dense_probe], write=True, golden_dir=tmp_path).written
+def _as_another_fingerprints(probe, tmp_path, retained_added: dict[str, int]) -> str:
+    """Write ``probe``'s golden as another fingerprint of its version wrote it (what an edited tree
+    of the same version finds), ``retained_added`` bytes more retained per label; its version."""
+    (written,) = golden_step([probe], write=True, golden_dir=tmp_path).written
     path = Path(written)
     golden = json.loads(path.read_text())
-    version = golden["pins"]["megatron_core"]["version"]
     golden["pins"]["megatron_core"]["fingerprint"] = "0123456789abcdef"
-    row = next(row for row in golden["rows"] if row["label"] == "layernorm")
-    row["values"]["retained_bytes"] += 4096  # the label now saves 4 KiB more than it did
+    for row in golden["rows"]:
+        row["values"]["retained_bytes"] += retained_added.get(row["label"], 0)
     other = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
     other.write_text(json.dumps(golden))
     path.unlink()
+    return golden["pins"]["megatron_core"]["version"]
+
+
+def test_a_tree_without_goldens_of_its_own_names_the_changed_value_not_the_missing_file(
+    dense_probe, tmp_path
+):
+    # As an edited tree of the same version sees it: the only golden is another fingerprint's, and
+    # by it the layernorm row now saves 4 KiB more than it did.
+    version = _as_another_fingerprints(dense_probe, tmp_path, {"layernorm": 4096})
     step = golden_step([dense_probe], write=False, golden_dir=tmp_path)
     summary, lines = _block(dense_probe, step, checking=True)
     text = "\n".join(lines)
@@ -125,14 +132,7 @@ def test_a_tree_without_goldens_of_its_own_names_the_changed_value_not_the_missi
 def test_a_tree_without_goldens_of_its_own_and_no_value_changed_passes_as_same_behaviour(
     dense_probe, tmp_path
 ):
-    (written,) = golden_step([dense_probe], write=True, golden_dir=tmp_path).written
-    path = Path(written)
-    golden = json.loads(path.read_text())
-    version = golden["pins"]["megatron_core"]["version"]
-    golden["pins"]["megatron_core"]["fingerprint"] = "0123456789abcdef"
-    other = path.with_name(golden_filename(golden["recipe"], golden["hardware"], golden["pins"]))
-    other.write_text(json.dumps(golden))
-    path.unlink()
+    version = _as_another_fingerprints(dense_probe, tmp_path, {})
     summary, lines = _block(
         dense_probe, golden_step([dense_probe], write=False, golden_dir=tmp_path), checking=True
     )
