@@ -26,9 +26,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from harness.run.recipes import Recipe
 
 
 class BareInstrument:
@@ -64,6 +67,24 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def one_device_recipe(name: str, *, cpu: bool) -> Recipe:
+    """``name`` on one device of this machine (its EP folded away), the process group started for
+    a GPU run (a CPU run starts its own world of one)."""
+    from harness.run.recipes import load_recipe
+
+    base = load_recipe(name)
+    recipe = dataclasses.replace(
+        base,
+        device="cpu" if cpu else "cuda",
+        nnodes=1,
+        nproc_per_node=1,
+        parallelism=dataclasses.replace(base.parallelism, ep=1),
+    )
+    if not cpu:
+        _world_of_one()
+    return recipe
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="mcore-moonlight-1gpu")
@@ -82,18 +103,8 @@ def main() -> None:
     from harness.record.step_time import round_effect
     from harness.run.backend_mcore import build, instrumented_iteration
     from harness.run.instrument import Instrument
-    from harness.run.recipes import load_recipe
 
-    base = load_recipe(args.recipe)
-    recipe = dataclasses.replace(
-        base,
-        device="cpu" if args.cpu else "cuda",
-        nnodes=1,
-        nproc_per_node=1,
-        parallelism=dataclasses.replace(base.parallelism, ep=1),
-    )
-    if not args.cpu:
-        _world_of_one()
+    recipe = one_device_recipe(args.recipe, cpu=args.cpu)
     device = recipe.device
     with tempfile.TemporaryDirectory() as events_dir:
         instrument = Instrument(Path(events_dir), 0, device)

@@ -14,7 +14,6 @@ spreads by sqrt 2 times one job's spread).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import statistics
@@ -38,22 +37,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
 
-    from instrumentation_overhead import BareInstrument, _sync, _world_of_one
+    from instrumentation_overhead import BareInstrument, _sync, one_device_recipe
 
     from harness.run.backend_mcore import build, training_for
     from harness.run.instrument import Instrument
-    from harness.run.recipes import load_recipe
 
-    base = load_recipe(args.recipe)
-    recipe = dataclasses.replace(
-        base,
-        device="cpu" if args.cpu else "cuda",
-        nnodes=1,
-        nproc_per_node=1,
-        parallelism=dataclasses.replace(base.parallelism, ep=1),
-    )
-    if not args.cpu:
-        _world_of_one()
+    recipe = one_device_recipe(args.recipe, cpu=args.cpu)
     device = recipe.device
     bare = BareInstrument()
     with tempfile.TemporaryDirectory() as events_dir:
